@@ -1,0 +1,21 @@
+"""One exception type for every bad-input error titanloop raises.
+
+Every message is a single line that names the offending field, says what was given and what is allowed,
+so a user can fix a config without reading a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration or input that cannot work; the message is one line naming the field."""
+
+
+def require(ok: bool, field: str, got, allowed: str) -> None:
+    """Raise ConfigError(`<field>=<got> is invalid: expected <allowed>`) when `ok` is false."""
+    if not ok:
+        raise ConfigError(f"{field}={got!r} is invalid: expected {allowed}")
+
+
+def require_choice(value, field: str, choices) -> None:
+    require(value in choices, field, value, "one of " + ", ".join(repr(c) for c in choices))

@@ -1,0 +1,163 @@
+"""LoopLM configuration, named size presets, parameter and FLOP counts.
+
+A LoopLM is a stack of `n_layers` decoder layers applied `n_loops` times with shared weights
+(RECIPE §1). Everything here is plain data: no torch import, so configs can be built and validated
+before any process group or device exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from titanloop.config_errors import ConfigError, require, require_choice
+
+READOUTS = ("norm", "raw", "final_only_norm")
+ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
+
+
+@dataclass
+class LoopLMConfig:
+    vocab_size: int = 49152
+    hidden_size: int = 2048
+    n_heads: int = 16
+    n_kv_heads: int | None = None  # None -> n_heads (MHA, as Ouro); fewer -> GQA
+    ffn_hidden_size: int = 5632
+    n_layers: int = 24  # layers in the shared (looped) stack
+    n_loops: int = 4  # default T when forward() is not told otherwise
+    max_loops: int = 16  # upper bound for per-loop parameters (per-loop norms) and sweeps
+    max_seq_len: int = 65536
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    # Variants (all off by default; the defaults reproduce Ouro).
+    readout: str = "norm"  # norm | raw | final_only_norm  (readout-blind-spot §3)
+    inter_loop_norm: bool = True  # feed norm(h_t) (True, Ouro) or raw h_t (False) into the next loop
+    n_prelude_layers: int = 0  # layers run once before the loop (STARS / Huginn)
+    n_coda_layers: int = 0  # layers run on each loop's state before its readout
+    gated_recurrence: bool = False  # h = g*h_new + (1-g)*h_old, g = sigmoid(W[h_new;h_old]+b)
+    gate_bias_init: float = -2.0
+    per_loop_norm: bool = False  # a distinct RMSNorm for each loop step (ouroboros §3.5)
+    tie_embeddings: bool = False
+
+    attention_backend: str = "auto"  # auto: flash-attn on CUDA fp16/bf16 when importable, else SDPA
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_heads
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "n_heads", "ffn_hidden_size", "n_layers", "max_seq_len"):
+            require(int(getattr(self, name)) >= 1, name, getattr(self, name), "an integer >= 1")
+        require(self.n_loops >= 1, "n_loops", self.n_loops, "an integer >= 1 (T, the number of loops)")
+        require(self.max_loops >= self.n_loops, "max_loops", self.max_loops, f"an integer >= n_loops={self.n_loops}")
+        require(self.hidden_size % self.n_heads == 0, "n_heads", self.n_heads,
+                f"a divisor of hidden_size={self.hidden_size}")
+        require((self.hidden_size // self.n_heads) % 2 == 0, "n_heads", self.n_heads,
+                f"a value making head_dim=hidden_size/n_heads even (RoPE); hidden_size={self.hidden_size}")
+        require(1 <= self.kv_heads <= self.n_heads and self.n_heads % self.kv_heads == 0, "n_kv_heads",
+                self.n_kv_heads, f"a divisor of n_heads={self.n_heads} (or null for MHA)")
+        require(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive RoPE base")
+        require(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
+        require_choice(self.readout, "readout", READOUTS)
+        require_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
+        require(self.n_prelude_layers >= 0, "n_prelude_layers", self.n_prelude_layers, "an integer >= 0")
+        require(self.n_coda_layers >= 0, "n_coda_layers", self.n_coda_layers, "an integer >= 0")
+
+    def replace(self, **changes) -> "LoopLMConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoopLMConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"model config has unknown key(s) {unknown}: allowed keys are {sorted(known)}")
+        return cls(**d)
+
+    # ----- parameter and FLOP accounting -------------------------------------------------------
+    def layer_params(self) -> int:
+        h, kv = self.hidden_size, self.kv_heads * self.head_dim
+        attn = h * h * 2 + h * kv * 2  # q, o and k, v (no biases)
+        mlp = 3 * h * self.ffn_hidden_size
+        norms = 4 * h  # sandwich norm: 4 RMSNorm weights per layer
+        return attn + mlp + norms
+
+    def param_count(self, include_embedding: bool = True) -> int:
+        """Unique (stored) parameters: looping reuses the same weights, so T does not change this."""
+        h = self.hidden_size
+        n = self.layer_params() * (self.n_layers + self.n_prelude_layers + self.n_coda_layers)
+        n += h  # final norm
+        n += h + 1  # exit gate
+        if self.gated_recurrence:
+            n += 2 * h * h + h
+        if self.per_loop_norm:
+            n += self.max_loops * h
+        head = self.vocab_size * h
+        if include_embedding:
+            n += head  # embedding
+            if not self.tie_embeddings:
+                n += head
+        elif not self.tie_embeddings:
+            n += head  # the LM head is a matmul per token, count it as compute-bearing
+        return n
+
+    def flops_per_token(self, seq_len: int, n_loops: int | None = None, readouts: int | None = None,
+                        training: bool = True) -> float:
+        """Model FLOPs per token (matmuls only, the standard 6N + attention accounting, PaLM appendix B).
+
+        Loops count: the shared stack's matmuls and attention run `n_loops` times. `readouts` is how
+        many loops are decoded by the LM head (all of them in per-loop training; default n_loops).
+        training=True counts forward+backward (x3 of forward), False counts the forward only.
+        """
+        t = self.n_loops if n_loops is None else n_loops
+        readouts = t if readouts is None else readouts
+        h = self.hidden_size
+        kv = self.kv_heads * self.head_dim
+        per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_hidden_size)  # fwd matmul flops
+        attn = 2 * 2 * seq_len * h / 2  # QK^T and AV, causal: half the square on average
+        looped_layers = self.n_layers * t
+        once_layers = self.n_prelude_layers
+        coda_layers = self.n_coda_layers * readouts
+        fwd = (looped_layers + once_layers + coda_layers) * (per_layer + attn)
+        fwd += readouts * 2 * h * self.vocab_size  # shared LM head at every decoded loop
+        fwd += t * 2 * h  # exit gate
+        if self.gated_recurrence:
+            fwd += t * 2 * 2 * h * h
+        return fwd * (3 if training else 1)
+
+
+def _ouro(n_layers: int) -> LoopLMConfig:
+    return LoopLMConfig(vocab_size=49152, hidden_size=2048, n_heads=16, ffn_hidden_size=5632,
+                        n_layers=n_layers, n_loops=4, max_seq_len=65536, rope_theta=10000.0, norm_eps=1e-6)
+
+
+PRESETS = {
+    # Published Ouro shapes (RECIPE §1): 24 layers = 1.4B, 48 layers = 2.6B, both T = 4.
+    "ouro-1.4b": lambda: _ouro(24),
+    "ouro-2.6b": lambda: _ouro(48),
+    # Tiny sizes that train on a CPU in seconds.
+    "debug-tiny": lambda: LoopLMConfig(vocab_size=512, hidden_size=64, n_heads=4, ffn_hidden_size=176,
+                                       n_layers=2, n_loops=4, max_loops=16, max_seq_len=2048),
+    "debug-small": lambda: LoopLMConfig(vocab_size=2048, hidden_size=128, n_heads=4, ffn_hidden_size=344,
+                                        n_layers=4, n_loops=4, max_loops=16, max_seq_len=4096),
+}
+
+
+def preset(name: str, **overrides) -> LoopLMConfig:
+    """A named size preset with optional field overrides, e.g. preset('debug-tiny', n_loops=2)."""
+    if name not in PRESETS:
+        raise ConfigError(f"model preset={name!r} is unknown: expected one of {sorted(PRESETS)}")
+    cfg = PRESETS[name]()
+    return cfg.replace(**overrides) if overrides else cfg

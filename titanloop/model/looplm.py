@@ -1,0 +1,261 @@
+"""The LoopLM: N shared decoder layers applied T times, an exit gate and one LM head after every loop.
+
+Read top to bottom: RMSNorm, Attention, MLP, DecoderLayer (sandwich norm), LoopLM.
+
+    x = embed(tokens); x = prelude(x)
+    for t in 1..T:
+        h_t   = layers(x)                          # the shared stack, same weights every loop
+        h_t   = g*h_t + (1-g)*x  (gated recurrence, optional)
+        r_t   = readout(h_t)                       # norm(h_t) | h_t | raw-then-norm-at-T
+        λ_t   = sigmoid(exit_gate(norm(h_t)))      # one scalar per token per loop
+        x     = norm(h_t) if inter_loop_norm else h_t
+
+The forward returns per-loop readouts and gate logits, never T full-vocabulary logit tensors: the
+objectives (titanloop.objectives) apply the shared LM head in chunks.
+
+Module and parameter names follow the published Ouro checkpoints (q_proj, input_layernorm_2, ...), so
+titanloop.interchange.ouro_hf maps them with a prefix only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from titanloop.config_errors import require
+from titanloop.model.attention import apply_rope, attention, causal_mask, rope_cos_sin
+from titanloop.model.config import LoopLMConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in fp32 like the Hugging Face Ouro/Llama implementations, then cast back.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LoopLMConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.backend = cfg.attention_backend
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x, cos, sin, mask=None, cache=None):
+        b, s, _ = x.shape
+        # -1 instead of the head count keeps this correct under tensor parallelism (local heads).
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        out = attention(q, k, v, mask, self.backend)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LoopLMConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Sandwich RMSNorm: h += norm2(attn(norm1(h))); h += norm2'(mlp(norm1'(h)))."""
+
+    def __init__(self, cfg: LoopLMConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # before attention
+        self.input_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the attention output
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # before the MLP
+        self.post_attention_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the MLP output
+
+    def forward(self, h, cos, sin, mask=None, cache=None):
+        h = h + self.input_layernorm_2(self.self_attn(self.input_layernorm(h), cos, sin, mask, cache))
+        h = h + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(h)))
+        return h
+
+
+@dataclass
+class LoopLMOutput:
+    """What one forward returns, per loop t = 1..T (index t-1)."""
+
+    readouts: list[torch.Tensor]  # [B, S, H] each: what the shared LM head decodes at loop t
+    states: list[torch.Tensor]  # [B, S, H] each: raw hidden state H_t after loop t (scale diagnostics)
+    gate_logits: torch.Tensor  # [T, B, S]: exit-gate logits, λ_t = sigmoid(gate_logits[t-1])
+    next_input: torch.Tensor | None = None  # x_T: what loop T+1 would receive (JSRR linearizes Φ here)
+    logits: torch.Tensor | None = None  # only when asked: [B, S, V] (last loop) or [T, B, S, V] (all)
+
+    @property
+    def n_loops(self) -> int:
+        return len(self.readouts)
+
+
+class LoopLM(nn.Module):
+    def __init__(self, cfg: LoopLMConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        self.prelude = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_prelude_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))  # the looped stack
+        self.coda = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_coda_layers))
+        self.norm = RMSNorm(h, cfg.norm_eps)
+        self.early_exit_gate = nn.Linear(h, 1, bias=True)
+        self.recurrence_gate = nn.Linear(2 * h, h, bias=True) if cfg.gated_recurrence else None
+        self.loop_norms = (nn.ModuleList(RMSNorm(h, cfg.norm_eps) for _ in range(cfg.max_loops))
+                           if cfg.per_loop_norm else None)
+        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # Set by the parallel plan for per-loop activation checkpointing: wraps loop_step calls.
+        self.loop_wrapper: Callable | None = None
+        self.init_weights()
+
+    # ----- initialization ---------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self, buffer_device=None):
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * max(1, self.cfg.n_layers))
+        nn.init.normal_(self.embed_tokens.weight, std=std)
+        for mod in self.modules():
+            if isinstance(mod, RMSNorm):
+                mod.reset_parameters()
+        for layer in [*self.prelude, *self.layers, *self.coda]:
+            for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                        layer.mlp.gate_proj, layer.mlp.up_proj):
+                nn.init.normal_(lin.weight, std=std)
+            nn.init.normal_(layer.self_attn.o_proj.weight, std=out_std)
+            nn.init.normal_(layer.mlp.down_proj.weight, std=out_std)
+        nn.init.normal_(self.early_exit_gate.weight, std=std)
+        nn.init.zeros_(self.early_exit_gate.bias)
+        if self.recurrence_gate is not None:  # zero W, bias -2: retain ~88% of the old state at init
+            nn.init.zeros_(self.recurrence_gate.weight)
+            nn.init.constant_(self.recurrence_gate.bias, self.cfg.gate_bias_init)
+        if not self.cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=std)
+
+    # ----- pieces the objectives and parallel plans use -----------------------------------------
+    def rope(self, seq_len: int, device, dtype, positions: torch.Tensor | None = None, offset: int = 0):
+        if positions is None:
+            positions = torch.arange(offset, offset + seq_len, device=device)
+        return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)
+
+    def loop_step(self, x: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
+        """One application of the looped block at loop index t (0-based): x -> raw state H_{t+1}."""
+        h_in = self.loop_norms[t](x) if self.loop_norms is not None else x
+        h = h_in
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, mask, kv_cache.get("loop", t, i) if kv_cache is not None else None)
+        if self.recurrence_gate is not None:
+            g = torch.sigmoid(self.recurrence_gate(torch.cat([h, x], dim=-1)))
+            h = g * h + (1 - g) * x
+        return h
+
+    def recurrent_map(self, x: torch.Tensor, t: int, cos, sin, mask=None) -> torch.Tensor:
+        """Φ: the map from loop t's input to loop t+1's input (loop_step plus the inter-loop norm)."""
+        h = self.loop_step(x, t, cos, sin, mask)
+        return self.norm(h) if self.cfg.inter_loop_norm else h
+
+    def head_input(self, state: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
+        """Coda layers (if any) on a loop's raw state; the readout/gate/next-loop input start from this."""
+        for i, layer in enumerate(self.coda):
+            state = layer(state, cos, sin, mask, kv_cache.get("coda", t, i) if kv_cache is not None else None)
+        return state
+
+    def readout(self, pre: torch.Tensor, normed: torch.Tensor, t: int, n_loops: int) -> torch.Tensor:
+        mode = self.cfg.readout
+        if mode == "norm" or (mode == "final_only_norm" and t == n_loops - 1):
+            return normed
+        return pre
+
+    def embed(self, input_ids: torch.Tensor, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.prelude):
+            x = layer(x, cos, sin, mask, kv_cache.get("prelude", 0, i) if kv_cache is not None else None)
+        return x
+
+    # ----- forward ----------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0,
+                return_logits: str | None = None) -> LoopLMOutput:
+        """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits.
+
+        n_loops: T for this call (default cfg.n_loops); any T >= 1 works, beyond the trained depth too.
+        doc_ids: [B, S] document index per token; restricts attention to the token's own document.
+        kv_cache / position_offset: incremental decoding (see titanloop.eval.generate).
+        return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models only).
+        """
+        t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
+        require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
+        if self.loop_norms is not None:
+            require(t_total <= len(self.loop_norms), "n_loops", t_total,
+                    f"<= max_loops={len(self.loop_norms)} when per_loop_norm is on")
+        b, s = input_ids.shape
+        dtype = self.embed_tokens.weight.dtype
+        cos, sin = self.rope(s, input_ids.device, dtype, positions, position_offset)
+        mask = None
+        if doc_ids is not None:
+            mask = causal_mask(s, s, input_ids.device, doc_ids)
+        elif kv_cache is not None and position_offset > 0 and s > 1:
+            mask = causal_mask(s, s + position_offset, input_ids.device)
+
+        x = self.embed(input_ids, cos, sin, mask, kv_cache)
+        step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
+        readouts, states, gates = [], [], []
+        for t in range(t_total):
+            h = step(x, t, cos, sin, mask, kv_cache)
+            pre = self.head_input(h, t, cos, sin, mask, kv_cache)
+            normed = self.norm(pre)
+            readouts.append(self.readout(pre, normed, t, t_total))
+            states.append(h)
+            gates.append(self.early_exit_gate(normed).squeeze(-1))
+            if self.cfg.inter_loop_norm:
+                x = normed if not self.coda else self.norm(h)
+            else:
+                x = h
+        out = LoopLMOutput(readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x)
+        if return_logits == "last":
+            out.logits = self.lm_head(readouts[-1])
+        elif return_logits == "all":
+            out.logits = torch.stack([self.lm_head(r) for r in readouts])
+        elif return_logits is not None:
+            require(False, "return_logits", return_logits, "None, 'last' or 'all'")
+        return out
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+
+def build_looplm(cfg: LoopLMConfig, device=None) -> LoopLM:
+    with torch.device(device or "cpu"):
+        return LoopLM(cfg)
