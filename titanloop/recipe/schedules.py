@@ -74,6 +74,11 @@ class StagedLRSchedulers(LRSchedulersContainer):
                     "lr_scheduler.allow_schedule_change=true to continue from the saved step on the new schedule")
             logger.warning("lr schedule changed on resume (%s); continuing on the new schedule", diff)
         super().load_state_dict({"last_epoch": state_dict["last_epoch"]})
+        # torchtitan recomputes the scheduler's lr but leaves the optimizer's param groups alone (they are right
+        # only if the optimizer state was restored too); set them so a reset optimizer resumes on schedule.
+        for sched in self.schedulers:
+            for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
+                group["lr"] = lr
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, decay_ratio: float | None, decay_type: str,
