@@ -1,0 +1,109 @@
+"""Command line for Ouro Hugging Face directories.
+
+    python -m titanloop.interchange inspect DIR                 config summary + parameter count (headers only)
+    python -m titanloop.interchange export --preset debug-tiny --out DIR [--set n_loops=2] [--dtype bfloat16]
+    python -m titanloop.interchange verify DIR                  import, export to a temp dir, compare bitwise
+
+`export` writes a freshly initialized model of a preset (seeded), e.g. to hand a tiny Ouro checkpoint to
+evaluation code; training checkpoints are exported from Python with titanloop.interchange.export_ouro_hf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+
+import torch
+
+from titanloop.config_errors import ConfigError
+from titanloop.interchange.ouro_hf import (_DTYPES, DEFAULT_MAX_SHARD_BYTES, export_ouro_hf, import_ouro_hf,
+                                           summarize)
+from titanloop.model import LoopLM, LoopLMConfig, preset
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a bare string such as readout=raw
+
+
+def _overrides(pairs: list[str]) -> dict:
+    fields = sorted(LoopLMConfig().to_dict())
+    out = {}
+    for pair in pairs:
+        k, sep, v = pair.partition("=")
+        if not sep or k not in fields:
+            raise ConfigError(f"--set {pair!r} is invalid: expected FIELD=VALUE with FIELD one of {fields}")
+        out[k] = _parse_value(v)
+    return out
+
+
+def cmd_inspect(args) -> None:
+    s = summarize(args.path)
+    c = s["config"]
+    print(f"{s['path']}: Ouro LoopLM, {s['n_files']} safetensors file(s), dtype(s) {', '.join(s['dtypes'])}")
+    print(f"  layers={c['n_layers']} hidden={c['hidden_size']} heads={c['n_heads']} "
+          f"kv_heads={c['n_kv_heads'] or c['n_heads']} ffn={c['ffn_hidden_size']} vocab={c['vocab_size']}")
+    print(f"  loops T={c['n_loops']} (max_loops={c['max_loops']}) rope_theta={c['rope_theta']} "
+          f"max_seq_len={c['max_seq_len']} tie_embeddings={c['tie_embeddings']}")
+    print(f"  variants: readout={c['readout']} inter_loop_norm={c['inter_loop_norm']} "
+          f"prelude={c['n_prelude_layers']} coda={c['n_coda_layers']} gated_recurrence={c['gated_recurrence']} "
+          f"per_loop_norm={c['per_loop_norm']}")
+    print(f"  parameters: {s['stored_params']:,} stored ({s['stored_params'] / 1e6:.2f}M)")
+
+
+def cmd_export(args) -> None:
+    cfg = preset(args.preset, **_overrides(args.set))
+    torch.manual_seed(args.seed)
+    print(f"building {args.preset} ({cfg.param_count():,} params) ...", file=sys.stderr)
+    model = LoopLM(cfg)
+    out = export_ouro_hf(model, args.out, dtype=_DTYPES[args.dtype] if args.dtype else None,
+                         max_shard_bytes=args.max_shard_bytes)
+    print(f"wrote {out}")
+
+
+def cmd_verify(args) -> None:
+    model = import_ouro_hf(args.path)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_ouro_hf(model, tmp)
+        again = import_ouro_hf(tmp)
+    a, b = model.state_dict(), again.state_dict()
+    bad = [n for n in a if not torch.equal(a[n], b[n])]
+    if bad:
+        raise SystemExit(f"error: round trip changed {len(bad)} tensor(s), first {bad[0]!r}")
+    print(f"ok: {len(a)} tensors round-trip bitwise")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m titanloop.interchange",
+                                description="Export/import/inspect LoopLMs as Ouro Hugging Face directories "
+                                            "(config.json model_type 'ouro' + safetensors).")
+    sub = p.add_subparsers(dest="command", required=True)
+    pi = sub.add_parser("inspect", help="print the config summary and parameter count of an Ouro directory")
+    pi.add_argument("path")
+    pi.set_defaults(fn=cmd_inspect)
+    pe = sub.add_parser("export", help="write a freshly initialized preset model as an Ouro directory")
+    pe.add_argument("--preset", default="debug-tiny", help="model preset (default debug-tiny)")
+    pe.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a LoopLMConfig field, e.g. --set readout=raw (repeatable)")
+    pe.add_argument("--out", required=True, help="output directory")
+    pe.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="tensor dtype (default float32)")
+    pe.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES,
+                    help="split weights into shards above this size (default 5e9, as Hugging Face)")
+    pe.add_argument("--seed", type=int, default=0)
+    pe.set_defaults(fn=cmd_export)
+    pv = sub.add_parser("verify", help="import a directory, re-export it and check the tensors are bitwise equal")
+    pv.add_argument("path")
+    pv.set_defaults(fn=cmd_verify)
+    args = p.parse_args(argv)
+    try:
+        args.fn(args)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Export a LoopLM to, and import it from, a Hugging Face directory in the layout of the published Ouro
+checkpoints (ByteDance/Ouro-1.4B, Ouro-2.6B; RECIPE §1).
+
+Layout written and read:
+
+    config.json                      model_type "ouro", architectures ["OuroForCausalLM"], total_ut_steps, ...
+    model.safetensors                all tensors, or, above `max_shard_bytes`:
+    model-0000k-of-0000n.safetensors + model.safetensors.index.json  {"metadata": {"total_size"}, "weight_map"}
+
+Tensor names are titanloop's parameter names with a `model.` prefix (`lm_head.weight` stays as is), e.g.
+`model.layers.3.self_attn.q_proj.weight`, `model.layers.3.input_layernorm_2.weight`,
+`model.early_exit_gate.bias`. A tied LM head is not stored (`tie_word_embeddings: true`), as in Hugging Face.
+
+titanloop-only variants (readout, inter_loop_norm, prelude/coda layers, gated recurrence, per-loop norms,
+max_loops, ...) go into a `"titanloop"` sub-dict of config.json and extra tensors (`model.prelude.*`,
+`model.coda.*`, `model.recurrence_gate.*`, `model.loop_norms.*`), so export -> import is exact. A plain Ouro
+directory (no sub-dict) imports with the defaults, which reproduce Ouro.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from titanloop.config_errors import ConfigError
+from titanloop.model import LoopLM, LoopLMConfig
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # Hugging Face's default max_shard_size ("5GB")
+
+# Ouro config.json key <- LoopLMConfig field
+_OURO_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "ffn_hidden_size",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "kv_heads",
+    "total_ut_steps": "n_loops",
+    "max_position_embeddings": "max_seq_len",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "norm_eps",
+    "tie_word_embeddings": "tie_embeddings",
+}
+_OPTIONAL_OURO_KEYS = {"initializer_range": "init_std"}
+# LoopLMConfig fields with no Ouro key: stored under config.json["titanloop"].
+_TITANLOOP_FIELDS = ("max_loops", "readout", "inter_loop_norm", "n_prelude_layers", "n_coda_layers",
+                     "gated_recurrence", "gate_bias_init", "per_loop_norm", "attention_backend")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_name(name: str) -> str:
+    """titanloop parameter name -> Ouro tensor name."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def titanloop_name(name: str) -> str:
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    for k, v in _DTYPES.items():
+        if v == dtype:
+            return k
+    raise ConfigError(f"dtype={dtype} is invalid: expected one of {sorted(_DTYPES)}")
+
+
+# ----- config.json ----------------------------------------------------------------------------------
+def ouro_config_dict(cfg: LoopLMConfig, dtype: torch.dtype = torch.float32, early_exit_threshold: float = 1.0) -> dict:
+    """The config.json of an Ouro checkpoint for `cfg` (plus the "titanloop" sub-dict for the variants)."""
+    d = {"architectures": ["OuroForCausalLM"], "model_type": "ouro"}
+    for key, field in _OURO_KEYS.items():
+        d[key] = getattr(cfg, field)
+    d.update({
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "initializer_range": cfg.init_std,
+        "early_exit_threshold": early_exit_threshold,
+        "attention_dropout": 0.0,
+        "rope_scaling": None,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": cfg.n_layers,
+        "layer_types": ["full_attention"] * cfg.n_layers,
+        "use_cache": True,
+        "torch_dtype": _dtype_name(dtype),
+        "titanloop": {f: getattr(cfg, f) for f in _TITANLOOP_FIELDS},
+    })
+    return d
+
+
+def looplm_config_from_ouro(d: dict, source: str = "config.json") -> LoopLMConfig:
+    """LoopLMConfig from an Ouro config.json dict; one-line ConfigError for anything titanloop cannot load."""
+    if d.get("model_type") != "ouro":
+        raise ConfigError(f"{source}: model_type={d.get('model_type')!r} is invalid: expected 'ouro' "
+                          "(an Ouro / OuroForCausalLM checkpoint directory)")
+    missing = [k for k in _OURO_KEYS if k not in d and k not in ("num_key_value_heads", "tie_word_embeddings")]
+    if missing:
+        raise ConfigError(f"{source}: missing key(s) {missing}: an Ouro config.json needs {sorted(_OURO_KEYS)}")
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{source}: hidden_act={act!r} is invalid: expected 'silu' (SwiGLU)")
+    if d.get("rope_scaling"):
+        raise ConfigError(f"{source}: rope_scaling={d['rope_scaling']!r} is invalid: expected null "
+                          "(titanloop implements plain RoPE; change rope_theta instead)")
+    if d.get("use_sliding_window"):
+        raise ConfigError(f"{source}: use_sliding_window=true is invalid: expected false (full attention)")
+    fields = {f: d[k] for k, f in {**_OURO_KEYS, **_OPTIONAL_OURO_KEYS}.items() if k in d}
+    kv = fields.pop("kv_heads", None)
+    fields["n_kv_heads"] = None if kv is None or kv == fields["n_heads"] else kv
+    extra = d.get("titanloop") or {}
+    unknown = sorted(set(extra) - set(_TITANLOOP_FIELDS))
+    if unknown:
+        raise ConfigError(f"{source}: titanloop key(s) {unknown} are unknown: allowed are {list(_TITANLOOP_FIELDS)}")
+    fields.update(extra)
+    fields.setdefault("max_loops", max(LoopLMConfig.max_loops, fields["n_loops"]))
+    cfg = LoopLMConfig(**fields)
+    head_dim = d.get("head_dim")
+    if head_dim is not None and head_dim != cfg.head_dim:
+        raise ConfigError(f"{source}: head_dim={head_dim} is invalid: expected hidden_size/num_attention_heads="
+                          f"{cfg.head_dim}")
+    return cfg
+
+
+# ----- tensors ----------------------------------------------------------------------------------------
+def expected_tensors(cfg: LoopLMConfig) -> dict[str, tuple[int, ...]]:
+    """Ouro tensor name -> shape for a model with `cfg` (a tied LM head is not stored)."""
+    with torch.device("meta"):
+        model = LoopLM(cfg)
+    return {hf_name(n): tuple(t.shape) for n, t in _stored_state(model).items()}
+
+
+def _stored_state(model: LoopLM) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if model.cfg.tie_embeddings:
+        state.pop("lm_head.weight")
+    return state
+
+
+def _plan_shards(names_sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
+    shards, current, size = [], [], 0
+    for name, nbytes in names_sizes:
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def export_ouro_hf(model: LoopLM, out_dir, *, dtype: torch.dtype | None = None,
+                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, early_exit_threshold: float = 1.0) -> Path:
+    """Write `model` as an Ouro Hugging Face directory; returns the directory.
+
+    dtype: cast floating tensors (e.g. torch.bfloat16 as the published checkpoints); default: keep the model's.
+    max_shard_bytes: above this total the weights are split into shards with a model.safetensors.index.json.
+    """
+    if max_shard_bytes < 1:
+        raise ConfigError(f"max_shard_bytes={max_shard_bytes} is invalid: expected a positive byte count")
+    state = _stored_state(model)
+    dtype = dtype or model.embed_tokens.weight.dtype
+    tensors = {hf_name(n): t.detach().to("cpu", dtype).contiguous() for n, t in state.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [out / WEIGHTS_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)  # a previous export with a different sharding must not linger
+    metadata = {"format": "pt"}
+    shards = _plan_shards([(n, t.numel() * t.element_size()) for n, t in tensors.items()], max_shard_bytes)
+    if len(shards) == 1:
+        save_file(tensors, str(out / WEIGHTS_FILE), metadata=metadata)
+    else:
+        weight_map = {}
+        for i, names in enumerate(shards, 1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file({n: tensors[n] for n in names}, str(out / fname), metadata=metadata)
+            weight_map.update({n: fname for n in names})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                 indent=2) + "\n")
+    config = ouro_config_dict(model.cfg, dtype, early_exit_threshold)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def read_ouro_config(path) -> LoopLMConfig:
+    path = Path(path)
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise ConfigError(f"path={str(path)!r} is invalid: expected a Hugging Face directory with {CONFIG_FILE}")
+    try:
+        d = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return looplm_config_from_ouro(d, str(cfg_file))
+
+
+def weight_files(path) -> dict[str, Path]:
+    """Ouro tensor name -> the safetensors file holding it (single file or sharded with an index)."""
+    path = Path(path)
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{index}: missing 'weight_map': expected a Hugging Face safetensors index")
+        files = {n: path / f for n, f in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.is_file():
+                raise ConfigError(f"{index}: shard {f.name!r} is missing from {path}")
+        return files
+    single = path / WEIGHTS_FILE
+    if not single.is_file():
+        raise ConfigError(f"path={str(path)!r} has no {WEIGHTS_FILE} or {INDEX_FILE}: expected safetensors weights")
+    with safe_open(str(single), framework="pt") as f:
+        return {n: single for n in f.keys()}
+
+
+def check_tensors(cfg: LoopLMConfig, path) -> dict[str, Path]:
+    """Validate names and shapes of the stored tensors (reads headers only); returns name -> file."""
+    files = weight_files(path)
+    expected = expected_tensors(cfg)
+    for name, shape in expected.items():
+        if name not in files:
+            raise ConfigError(f"tensor {name!r} is missing from {path}: expected shape {list(shape)}")
+    unexpected = sorted(set(files) - set(expected))
+    if unexpected:
+        raise ConfigError(f"tensor {unexpected[0]!r} in {path} is unexpected for this config.json "
+                          f"({len(unexpected)} unexpected in all); check the titanloop variant keys")
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    for f, names in by_file.items():
+        with safe_open(str(f), framework="pt") as sf:
+            stored = set(sf.keys())
+            for name in names:
+                if name not in stored:
+                    raise ConfigError(f"tensor {name!r} is missing from {f.name} (listed in {INDEX_FILE}): "
+                                      f"expected shape {list(expected[name])}")
+                shape = tuple(sf.get_slice(name).get_shape())
+                if shape != expected[name]:
+                    raise ConfigError(f"tensor {name!r} in {f.name} has shape {list(shape)}: "
+                                      f"expected {list(expected[name])}")
+    return files
+
+
+def import_ouro_hf(path, device="cpu", dtype: torch.dtype | None = None) -> LoopLM:
+    """Load an Ouro Hugging Face directory (published or exported by titanloop) as a LoopLM.
+
+    dtype: None keeps the stored dtype (bitwise round trip); otherwise tensors are cast to it.
+    The model is built on the meta device and the stored tensors are assigned, so no random init runs.
+    """
+    cfg = read_ouro_config(path)
+    files = check_tensors(cfg, path)
+    state = {}
+    for f in sorted(set(files.values())):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                t = sf.get_tensor(name)
+                state[titanloop_name(name)] = t if dtype is None else t.to(dtype)
+    with torch.device("meta"):
+        model = LoopLM(cfg)
+    model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(device)
+
+
+def summarize(path) -> dict:
+    """Config summary and parameter count of an Ouro directory, from config.json and tensor headers only."""
+    cfg = read_ouro_config(path)
+    files = check_tensors(cfg, path)
+    n_stored = 0
+    dtypes = set()
+    for f in sorted(set(files.values())):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                sl = sf.get_slice(name)
+                numel = 1
+                for s in sl.get_shape():
+                    numel *= s
+                n_stored += numel
+                dtypes.add(sl.get_dtype())
+    return {"path": os.fspath(path), "config": cfg.to_dict(), "stored_params": n_stored,
+            "param_count": cfg.param_count(), "dtypes": sorted(dtypes), "n_files": len(set(files.values()))}
