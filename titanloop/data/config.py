@@ -1,0 +1,83 @@
+"""Data configuration: which samples the trainer reads, in what mixture, and how strictly shards are checked.
+
+Plain dataclasses (no torch), validated on construction so a bad config fails with one line before any
+process group exists. `DataConfig.from_dict` accepts the nested dict of a TOML/JSON training config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from titanloop.config_errors import ConfigError, require, require_choice
+
+KINDS = ("synthetic_text", "synthetic_task", "mds", "webdataset")
+ON_BAD_SHARD = ("error", "skip")
+
+
+@dataclass
+class SourceConfig:
+    """One shard set (a directory written by `data_pipelines`, holding `manifest.json`) and its mixture weight.
+
+    `path` may be local or any URL the shard libraries accept (s3://, gs://, ...). Weights are relative:
+    (73.4, 13.0, 2.0, 7.5, 4.1) and (0.734, 0.13, ...) give the same mixture.
+    """
+
+    path: str
+    weight: float = 1.0
+    name: str | None = None  # defaults to the manifest's `source`
+
+    def __post_init__(self):
+        require(isinstance(self.path, str) and self.path != "", "data.sources[].path", self.path,
+                "a shard directory (local path or s3://, gs:// URL) containing manifest.json")
+        require(float(self.weight) > 0, "data.sources[].weight", self.weight, "a positive mixture weight")
+
+
+@dataclass
+class DataConfig:
+    kind: str = "synthetic_text"  # synthetic_text | synthetic_task | mds | webdataset
+    seed: int = 0  # fixes the global sample sequence (synthetic content, shuffle blocks)
+
+    # kind = mds | webdataset
+    sources: list[SourceConfig] = field(default_factory=list)
+    tokenizer: str | None = None  # tokenizer.json path; when set, every manifest's fingerprint must match it
+    shuffle_block: int = 256  # packed windows shuffled within blocks of this many (1 = stream order)
+    on_bad_shard: str = "error"  # error: one-line ShardError | skip: warn, count, emit the rows fully masked
+    verify_checksums: bool = True  # compare each shard's sha1 with the manifest when it is first read
+    cache_dir: str | None = None  # where remote (s3://, gs://) shards are downloaded; default a temp dir
+    shard_cache: int = 4  # decoded shards kept in memory per source
+
+    # kind = synthetic_task
+    task: str = "mano"  # mano | addition | xor | multihop
+    task_options: dict = field(default_factory=dict)  # passed to the task's own config, e.g. {"max_ops": 10}
+    split: str = "train"  # train | eval (held-out examples)
+
+    prefetch: int = 4  # micro-batches prepared ahead by a background thread (0 = synchronous)
+
+    def __post_init__(self):
+        self.sources = [s if isinstance(s, SourceConfig) else SourceConfig(**s) for s in self.sources]
+        self.validate()
+
+    def validate(self) -> None:
+        require_choice(self.kind, "data.kind", KINDS)
+        require_choice(self.on_bad_shard, "data.on_bad_shard", ON_BAD_SHARD)
+        require_choice(self.split, "data.split", ("train", "eval"))
+        require(int(self.shuffle_block) >= 1, "data.shuffle_block", self.shuffle_block, "an integer >= 1")
+        require(int(self.prefetch) >= 0, "data.prefetch", self.prefetch, "an integer >= 0")
+        require(int(self.shard_cache) >= 1, "data.shard_cache", self.shard_cache, "an integer >= 1")
+        if self.kind in ("mds", "webdataset"):
+            require(len(self.sources) >= 1, "data.sources", self.sources,
+                    f"at least one {{path, weight}} shard set for data.kind={self.kind!r}")
+            names = [s.name for s in self.sources if s.name is not None]
+            require(len(names) == len(set(names)), "data.sources[].name", names, "distinct source names")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DataConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"data config has unknown key(s) {unknown}: allowed keys are {sorted(known)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

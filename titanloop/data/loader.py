@@ -1,0 +1,155 @@
+"""The trainer's data loader: infinite micro-batches of packed rows, global resume state, background prefetch.
+
+Global sample sequence. Optimizer step s consumes global samples [s*G, (s+1)*G) (G = global_batch_size in
+sequences); `schedule.mixture_assignments` maps each one to (source, row). Rank r of W reads the contiguous
+block [r*G/W, (r+1)*G/W) of every global batch, split into grad_accum = G / (micro_batch_size*W) micro-batches.
+The sequence never depends on W, so `state_dict()` -- samples consumed per source at the last completed
+step -- is the same on every rank and resumes on any number of ranks without repeating or skipping a sample.
+
+State format (JSON-serializable, version 1):
+    {"version": 1, "kind": "mds", "seed": 0, "global_samples": 4096, "steps": 16,
+     "sources": {"fineweb": {"samples": 3006, "epoch": 0}, "nemotron": {"samples": 1090, "epoch": 0}}}
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from titanloop.config_errors import ConfigError, require
+from titanloop.data.packing import rows_to_batch
+from titanloop.data.schedule import mixture_assignments, rank_slice
+
+STATE_VERSION = 1
+
+
+class PackedLoader:
+    """Iterator over micro-batches for one data-parallel rank (see the module docstring for the layout)."""
+
+    def __init__(self, sources, weights, *, kind: str, seed: int, micro_batch_size: int, global_batch_size: int,
+                 dp_rank: int, dp_world: int, prefetch: int = 4):
+        require(dp_world >= 1, "dp_world", dp_world, "an integer >= 1")
+        require(0 <= dp_rank < dp_world, "dp_rank", dp_rank, f"an integer in [0, {dp_world})")
+        require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
+        require(global_batch_size >= 1 and global_batch_size % (micro_batch_size * dp_world) == 0,
+                "global_batch_size", global_batch_size,
+                f"a positive multiple of micro_batch_size*dp_world={micro_batch_size * dp_world} (in sequences)")
+        self.sources = list(sources)
+        self.weights = [float(w) for w in weights]
+        self.kind, self.seed = kind, int(seed)
+        self.micro_batch_size, self.global_batch_size = micro_batch_size, global_batch_size
+        self.dp_rank, self.dp_world = dp_rank, dp_world
+        self.grad_accum = global_batch_size // (micro_batch_size * dp_world)
+        self.prefetch = prefetch
+        self._counts = [0] * len(self.sources)  # per-source samples consumed at the last completed step
+        self._steps = 0
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._gen = None
+
+    # ----- resume state -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "kind": self.kind,
+            "seed": self.seed,
+            "global_samples": sum(self._counts),
+            "steps": self._steps,
+            "sources": {s.name: {"samples": c, "epoch": s.epoch_of(c)} for s, c in zip(self.sources, self._counts)},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        require(state.get("version") == STATE_VERSION, "dataloader state version", state.get("version"),
+                f"{STATE_VERSION} (written by this titanloop)")
+        require(state.get("kind") == self.kind, "dataloader state kind", state.get("kind"),
+                f"{self.kind!r} (the configured data.kind); resuming on other data needs a fresh run dir")
+        require(state.get("seed") == self.seed, "data.seed", self.seed,
+                f"{state.get('seed')} (the seed the checkpoint was written with)")
+        saved = state.get("sources", {})
+        names = [s.name for s in self.sources]
+        unknown = sorted(set(saved) - set(names))
+        if unknown:
+            raise ConfigError(f"dataloader state has source(s) {unknown} that are not configured: "
+                              f"configured sources are {names}; add them back or start a fresh run dir")
+        self._shutdown()
+        self._counts = [int(saved.get(n, {}).get("samples", 0)) for n in names]
+        self._steps = int(state.get("steps", 0))
+
+    # ----- iteration ----------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self._gen is None:
+            self._gen = self._start()
+        batch, state_after = next(self._gen)
+        if state_after is not None:  # last micro-batch of an optimizer step
+            self._counts, self._steps = state_after
+        return batch
+
+    def _produce(self, counts: list[int], steps: int):
+        """Yield (micro-batch, (counts, steps) after the step or None) forever, from the given global state."""
+        lo, hi = rank_slice(self.global_batch_size, self.micro_batch_size, self.dp_rank, self.dp_world)
+        while True:
+            start = sum(counts)
+            picks, counts = mixture_assignments(counts, self.weights, self.global_batch_size)
+            steps += 1
+            mine = picks[lo:hi]
+            for m in range(self.grad_accum):
+                chunk = mine[m * self.micro_batch_size:(m + 1) * self.micro_batch_size]
+                rows = [self.sources[j].row(k) for j, k in chunk]
+                ids = [start + lo + m * self.micro_batch_size + i for i in range(len(chunk))]
+                last = m == self.grad_accum - 1
+                yield rows_to_batch(rows, ids), ((list(counts), steps) if last else None)
+
+    def _start(self):
+        produce = self._produce(list(self._counts), self._steps)
+        if self.prefetch == 0:
+            return produce
+        self._stop.clear()
+        self._queue = q = queue.Queue(maxsize=self.prefetch)
+        stop = self._stop
+
+        def work():
+            try:
+                for item in produce:
+                    while not stop.is_set():
+                        try:
+                            q.put(("ok", item), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+            except BaseException as e:  # surfaced in the consumer, never swallowed
+                q.put(("error", e))
+
+        self._thread = threading.Thread(target=work, name=f"titanloop-data-rank{self.dp_rank}", daemon=True)
+        self._thread.start()
+
+        def consume():
+            while True:
+                status, item = q.get()
+                if status == "error":
+                    raise item
+                yield item
+
+        return consume()
+
+    def _shutdown(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._gen = None
+        self._queue = None
+
+    def close(self) -> None:
+        self._shutdown()
+
+    def __del__(self):
+        try:
+            self._shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,299 @@
+"""Synthetic reasoning tasks with a fixed in-code vocabulary, seeded generation and held-out eval splits.
+
+Tasks (each example is a prompt and an answer; only the answer is a training target):
+  mano      modular-arithmetic expression trees in prefix notation over F_23 (ouro appendix B.2):
+            `<bos> <len_3> - * a b + c d <ans>` -> `(a*b)+(c-d) mod 23`; train lengths 1..L, eval length L.
+  addition  multi-digit addition (stars §4.1): `<bos> 1 2 3 4 + 5 6 7 8 =` -> `6 9 1 2`.
+  xor       running XOR / prefix sums of a bit string (dice §3): `<bos> 1 0 1 1 =` -> `1 1 0 1`;
+            eval may use longer strings (extrapolation).
+  multihop  3-hop relation QA (ouro appendix B.3): 5 layers x 100 single-token people, 20 relations, each
+            (person, relation) points to a random person in the next layer; questions
+            `<bos> who is the r3 of the r2 of the r1 of p ? answer :` -> `q`, plus the 8,000 one-hop facts
+            `<bos> the r of p is q .` (fully supervised) mixed into training.
+
+Held-out split: an example belongs to the eval split iff a hash of its prompt falls in the eval bucket
+(`eval_fraction`); training generation rejects those prompts, so train and eval can never share a prompt.
+Every row, example and eval set is a pure function of (seed, index): identical on all ranks and resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numpy as np
+import torch
+
+from titanloop.config_errors import ConfigError, require
+from titanloop.data.packing import IGNORE_INDEX, PackedRow, pack_documents
+
+SPECIALS = ["<pad>", "<bos>", "<eos>"]
+PAD, BOS, EOS = 0, 1, 2
+_BUCKETS = 1_000_000
+
+
+class Task:
+    """A task: its vocabulary, one random example, and the train/eval membership rule."""
+
+    name = "task"
+    eval_fraction = 0.05
+
+    def __init__(self, tokens: list[str], seed: int):
+        self.vocab = SPECIALS + tokens
+        self.ids = {t: i for i, t in enumerate(self.vocab)}
+        self.seed = seed
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, words: list[str]) -> list[int]:
+        return [self.ids[w] for w in words]
+
+    def decode(self, ids) -> list[str]:
+        return [self.vocab[int(i)] for i in ids]
+
+    def fingerprint(self) -> str:
+        """Identifies the vocabulary (stands in for a tokenizer fingerprint in shard manifests)."""
+        return "task:" + hashlib.sha1("\n".join(self.vocab).encode()).hexdigest()[:16]
+
+    def generate(self, rng: np.random.Generator, split: str) -> tuple[list[int], list[int]]:
+        """One random (prompt, answer) pair before the split filter; prompt starts with <bos>."""
+        raise NotImplementedError
+
+    def max_example_len(self) -> int:
+        raise NotImplementedError
+
+    def in_eval(self, prompt: list[int]) -> bool:
+        digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int32).tobytes(), digest_size=8,
+                                 key=b"titanloop-heldout").digest()
+        return int.from_bytes(digest, "little") % _BUCKETS < self.eval_fraction * _BUCKETS
+
+    def example(self, rng: np.random.Generator, split: str) -> tuple[list[int], list[int]]:
+        """A (prompt, answer) pair of `split`, rejection-sampled so the two splits are disjoint."""
+        want_eval = split == "eval"
+        for _ in range(100_000):
+            prompt, answer = self.generate(rng, split)
+            if self.in_eval(prompt) == want_eval:
+                return prompt, answer
+        raise RuntimeError(f"task {self.name}: could not draw a {split} example; eval_fraction is too extreme")
+
+    def training_document(self, rng: np.random.Generator) -> tuple[list[int], int]:
+        """A training document (tokens ending with <eos>, number of leading non-target tokens)."""
+        prompt, answer = self.example(rng, "train")
+        return prompt + answer + [EOS], len(prompt)
+
+
+class ManoTask(Task):
+    name = "mano"
+
+    def __init__(self, seed: int, max_ops: int = 10, modulus: int = 23):
+        """max_ops = L: training lengths uniform in [1, L], eval at exactly L (ouro uses 10, 16, 24)."""
+        self.max_ops, self.modulus = max_ops, modulus
+        require(max_ops >= 1, "data.task_options.max_ops", max_ops, "an integer >= 1")
+        numbers = [str(i) for i in range(modulus)]
+        super().__init__(["<ans>"] + [f"<len_{i}>" for i in range(max_ops + 1)] + ["+", "-", "*"] + numbers, seed)
+
+    def _tree(self, rng, n_ops: int) -> tuple[list[str], int]:
+        """A uniformly split random binary tree with n_ops operators: (prefix tokens, value mod p)."""
+        if n_ops == 0:
+            v = int(rng.integers(self.modulus))
+            return [str(v)], v
+        op = ("+", "-", "*")[int(rng.integers(3))]
+        left = int(rng.integers(n_ops))
+        lt, lv = self._tree(rng, left)
+        rt, rv = self._tree(rng, n_ops - 1 - left)
+        p = self.modulus
+        value = (lv + rv) % p if op == "+" else (lv - rv) % p if op == "-" else (lv * rv) % p
+        return [op] + lt + rt, value
+
+    def generate(self, rng, split):
+        n_ops = self.max_ops if split == "eval" else int(rng.integers(1, self.max_ops + 1))
+        expr, value = self._tree(rng, n_ops)
+        return self.encode(["<bos>", f"<len_{n_ops}>"] + expr + ["<ans>"]), self.encode([str(value)])
+
+    def max_example_len(self):
+        return 3 + 2 * self.max_ops + 1 + 1 + 1
+
+
+class AdditionTask(Task):
+    name = "addition"
+
+    def __init__(self, seed: int, n_digits: int = 4):
+        require(n_digits >= 1, "data.task_options.n_digits", n_digits, "an integer >= 1")
+        self.n_digits = n_digits
+        super().__init__([str(d) for d in range(10)] + ["+", "="], seed)
+
+    def generate(self, rng, split):
+        lo, hi = 10 ** (self.n_digits - 1) if self.n_digits > 1 else 0, 10 ** self.n_digits
+        a, b = int(rng.integers(lo, hi)), int(rng.integers(lo, hi))
+        return self.encode(["<bos>", *str(a), "+", *str(b), "="]), self.encode(list(str(a + b)))
+
+    def max_example_len(self):
+        return 1 + 2 * self.n_digits + 2 + self.n_digits + 1 + 1
+
+
+class XorTask(Task):
+    name = "xor"
+
+    def __init__(self, seed: int, n_bits: int = 32, eval_n_bits: int | None = None):
+        require(n_bits >= 1, "data.task_options.n_bits", n_bits, "an integer >= 1")
+        self.n_bits, self.eval_n_bits = n_bits, eval_n_bits or n_bits
+        super().__init__(["0", "1", "="], seed)
+
+    def generate(self, rng, split):
+        n = self.eval_n_bits if split == "eval" else self.n_bits
+        bits = rng.integers(0, 2, size=n)
+        running = np.bitwise_xor.accumulate(bits)
+        return (self.encode(["<bos>", *map(str, bits.tolist()), "="]), self.encode(list(map(str, running.tolist()))))
+
+    def max_example_len(self):
+        return 2 * max(self.n_bits, self.eval_n_bits) + 3
+
+
+class MultiHopTask(Task):
+    """3-hop QA over a fixed random relation graph (the "world" is a function of `world_seed`)."""
+
+    name = "multihop"
+    HOPS = 3
+
+    def __init__(self, seed: int, n_layers: int = 5, layer_size: int = 100, n_relations: int = 20,
+                 fact_fraction: float = 0.5, n_eval: int = 3000, world_seed: int = 1234):
+        require(n_layers > self.HOPS, "data.task_options.n_layers", n_layers, f"an integer > {self.HOPS}")
+        require(0.0 <= fact_fraction < 1.0, "data.task_options.fact_fraction", fact_fraction, "a float in [0, 1)")
+        self.n_layers, self.layer_size, self.n_relations = n_layers, layer_size, n_relations
+        self.fact_fraction = fact_fraction
+        self.people = [f"p{i}" for i in range(n_layers * layer_size)]
+        self.relations = [f"r{i}" for i in range(n_relations)]
+        super().__init__(["who", "is", "the", "of", "?", "answer", ":", "."] + self.relations + self.people, seed)
+        world = np.random.default_rng(world_seed)
+        # edges[layer, person_in_layer, relation] -> person index in the next layer (global index)
+        self.edges = ((np.arange(1, n_layers)[:, None, None] * layer_size)
+                      + world.integers(0, layer_size, size=(n_layers - 1, layer_size, n_relations)))
+        self.n_questions = layer_size * n_relations ** self.HOPS
+        self.eval_fraction = min(0.5, n_eval / self.n_questions)
+
+    def _question(self, q: int) -> tuple[list[int], list[int]]:
+        rels = []
+        for _ in range(self.HOPS):
+            q, r = divmod(q, self.n_relations)
+            rels.append(r)
+        person = start = q  # a person of layer 0
+        for layer, r in enumerate(rels):
+            person = int(self.edges[layer, person - layer * self.layer_size, r])
+        words = ["<bos>", "who", "is"]
+        for r in reversed(rels):  # "the r3 of the r2 of the r1 of p": r1 is applied first
+            words += ["the", self.relations[r], "of"]
+        words += [self.people[start], "?", "answer", ":"]
+        return self.encode(words), self.encode([self.people[person]])
+
+    def generate(self, rng, split):
+        return self._question(int(rng.integers(self.n_questions)))
+
+    def fact(self, rng) -> tuple[list[int], int]:
+        layer = int(rng.integers(self.n_layers - 1))
+        i, r = int(rng.integers(self.layer_size)), int(rng.integers(self.n_relations))
+        head, tail = self.people[layer * self.layer_size + i], self.people[int(self.edges[layer, i, r])]
+        return self.encode(["<bos>", "the", self.relations[r], "of", head, "is", tail, ".", "<eos>"]), 1
+
+    def training_document(self, rng):
+        if rng.random() < self.fact_fraction:
+            return self.fact(rng)
+        return super().training_document(rng)
+
+    def max_example_len(self):
+        return 3 + 3 * self.HOPS + 4 + 1 + 1
+
+
+TASKS = {"mano": ManoTask, "addition": AdditionTask, "xor": XorTask, "multihop": MultiHopTask}
+
+
+def build_task(name: str, seed: int = 0, **options) -> Task:
+    """A task by name with its options, e.g. build_task("mano", max_ops=16)."""
+    if name not in TASKS:
+        raise ConfigError(f"data.task={name!r} is unknown: expected one of {sorted(TASKS)}")
+    cls = TASKS[name]
+    try:
+        return cls(seed, **options)
+    except TypeError as e:
+        raise ConfigError(f"data.task_options={options!r} do not fit task {name!r}: {e}") from None
+
+
+class TaskSource:
+    """Rows of packed training documents of a task: row k is a function of (seed, k) only.
+
+    Documents are packed whole (never split) until the next one would not fit; the tail is padding.
+    With `train_size` set, documents are drawn from a fixed pool of that many training examples
+    (sample-efficiency studies: ouro B.3 trains on 2.5%-25% of all QA pairs).
+    """
+
+    def __init__(self, task: Task, seq_len: int, seed: int, train_size: int | None = None):
+        require(task.max_example_len() <= seq_len + 1, "seq_len", seq_len,
+                f">= {task.max_example_len() - 1} to fit one {task.name} example")
+        self.task, self.seq_len, self.seed, self.train_size = task, seq_len, seed, train_size
+        self.name = f"task:{task.name}"
+
+    def epoch_of(self, samples: int) -> int:
+        return 0
+
+    def _document(self, rng) -> tuple[list[int], int]:
+        if self.train_size is None:
+            return self.task.training_document(rng)
+        j = int(rng.integers(self.train_size))
+        return self.task.training_document(np.random.default_rng([self.seed, 1, j]))
+
+    def row(self, k: int) -> PackedRow:
+        rng = np.random.default_rng([self.seed, 0, k])
+        docs, used = [], 0
+        while True:
+            doc, n_prompt = self._document(rng)
+            if used + len(doc) > self.seq_len + 1:
+                break
+            docs.append((np.asarray(doc), n_prompt))
+            used += len(doc)
+        return pack_documents(docs, self.seq_len + 1, PAD)
+
+
+def eval_examples(task: Task, n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """`n` distinct held-out (prompt, answer) pairs, never produced by training rows."""
+    rng = np.random.default_rng([task.seed, 2, seed])
+    seen, out = set(), []
+    for _ in range(100 * n + 1000):
+        prompt, answer = task.example(rng, "eval")
+        if tuple(prompt) not in seen:
+            seen.add(tuple(prompt))
+            out.append((prompt, answer))
+            if len(out) == n:
+                return out
+    raise ConfigError(f"task {task.name}: only {len(out)} distinct held-out examples exist, asked for n={n}")
+
+
+def eval_batches(task: Task, n: int, batch_size: int, seed: int = 0):
+    """Held-out examples as batches, one example per row, right-padded; labels only on the answer tokens.
+
+    Yields {"input_ids", "labels", "doc_ids"} like the training loader, so `answer_accuracy` applies.
+    """
+    examples = eval_examples(task, n, seed)
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i:i + batch_size]
+        width = max(len(p) + len(a) for p, a in chunk)
+        inputs = torch.full((len(chunk), width), PAD, dtype=torch.long)
+        labels = torch.full((len(chunk), width), IGNORE_INDEX, dtype=torch.long)
+        for r, (p, a) in enumerate(chunk):
+            seq = p + a
+            inputs[r, :len(seq) - 1] = torch.tensor(seq[:-1])
+            labels[r, len(p) - 1:len(seq) - 1] = torch.tensor(a)  # position t predicts token t+1
+        yield {"input_ids": inputs, "labels": labels, "doc_ids": torch.zeros_like(inputs)}
+
+
+def answer_accuracy(predictions: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor) -> tuple[int, int]:
+    """Exact-match answer accuracy: (examples with every answer token right, examples with answer tokens).
+
+    predictions: argmax token ids [B, S] aligned with `labels` (already-shifted next-token targets, -100 =
+    ignore); an example is one (row, doc_id) group, so packed training rows are scored per example.
+    """
+    mask = labels != IGNORE_INDEX
+    key = (torch.arange(labels.shape[0], device=labels.device)[:, None] * (labels.shape[1] + 1) + doc_ids)[mask]
+    wrong = (predictions != labels)[mask]
+    groups, inverse = torch.unique(key, return_inverse=True)
+    any_wrong = torch.zeros(len(groups), dtype=torch.bool, device=labels.device).scatter_reduce(
+        0, inverse, wrong, reduce="amax")
+    return int((~any_wrong).sum()), int(len(groups))
