@@ -1,0 +1,276 @@
+"""Atomic, reshardable, optionally asynchronous checkpoints of a training run; auto-resume.
+
+    ckpt = Checkpointer(cfg, run_dir, states={"model": model, "optimizer": opt, "lr_scheduler": sched,
+                                              "dataloader": loader, "train_state": train_state},
+                        config=resolved_config_dict, stage="stage1a")
+    start = ckpt.load_latest() or 0      # None: nothing to resume (a fresh run)
+    for step in range(start + 1, total + 1):
+        train_step()
+        ckpt.maybe_save(step)            # every cfg.interval steps; also publishes a finished async save
+    ckpt.save(total, sync=True); ckpt.close()
+
+Each save: every rank writes its DCP shards into `.staging-step-N/` (the training thread only pays for the
+copy to CPU when async), computes crc32 of its own files; once all ranks are done, rank 0 writes the
+manifest, renames the folder to `step-N/`, points `latest` at it and applies retention. See layout.py for
+the directory layout and state.py for what is stored how.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint import FileSystemWriter
+
+from titanloop.checkpoint import layout
+from titanloop.checkpoint.config import CheckpointConfig
+from titanloop.checkpoint.errors import CheckpointError
+from titanloop.checkpoint.safe_reader import SafeFileSystemReader, read_dcp_metadata
+from titanloop.checkpoint.state import (ModelState, OptimizerState, join_state, restore_rng_state,
+                                        rng_state_tensors, split_state, tensor_paths)
+
+log = logging.getLogger("titanloop.checkpoint")
+
+
+@dataclass
+class _PendingSave:
+    step: int
+    staging: Path
+    manifest: dict  # everything but the file records, captured when the save started
+    writer: Future  # resolves to {file name: record} for this rank's files once DCP finished writing
+    started: float
+
+
+def collective_device() -> torch.device:
+    """Where small control tensors must live for the default group's backend (NCCL: the GPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _dist() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Checkpointer:
+    def __init__(self, cfg: CheckpointConfig, run_dir, states: dict, *, config: dict | None = None,
+                 stage: str | None = None):
+        self.cfg = cfg
+        self.root = Path(run_dir) / cfg.folder
+        self.rank, self.world = _dist()
+        self.distributed = self.world > 1 or (dist.is_available() and dist.is_initialized())
+        self.states = self._wrap(states)
+        self.config, self.stage = config, stage
+        self.async_mode = cfg.mode == "async" or (cfg.mode == "auto" and torch.cuda.is_available())
+        # DCP's async save runs its collectives in a background thread: give it its own gloo group so it
+        # never interleaves with the training collectives on the default group.
+        self._save_group = dist.new_group(backend="gloo") if (self.async_mode and self.distributed) else None
+        self._pending: _PendingSave | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
+        self.last_saved_step: int | None = None
+        self.last_save_stall_s = 0.0  # training-thread time of the most recent save call
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            gone = layout.clean_staging(self.root)
+            if gone:
+                log.warning("removed unfinished checkpoint save(s) %s in %s", gone, self.root)
+        self._barrier()
+
+    # ----- wiring ---------------------------------------------------------------------------------
+    @staticmethod
+    def _wrap(states: dict) -> dict:
+        """Bare modules/optimizers become FQN-keyed DCP states; everything else must have state_dict()."""
+        model = states.get("model")
+        out = {}
+        for name, obj in states.items():
+            if isinstance(obj, nn.Module):
+                obj = ModelState(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                if not isinstance(model, nn.Module):
+                    raise CheckpointError(f"checkpoint state {name!r} is a bare optimizer: pass the model as "
+                                          "states['model'] (an nn.Module) or an object with state_dict()")
+                obj = OptimizerState(model, obj)
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise CheckpointError(f"checkpoint state {name!r} ({type(obj).__name__}) has no "
+                                      "state_dict()/load_state_dict()")
+            out[name] = obj
+        return out
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def _all_true(self, flag: bool) -> bool:
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    # ----- save -----------------------------------------------------------------------------------
+    def maybe_save(self, step: int) -> bool:
+        """Call at every step boundary (all ranks): publishes a finished async save; saves every `interval`."""
+        if not self.cfg.enable:
+            return False
+        self._poll_pending()
+        if step % self.cfg.interval == 0 and step != self.last_saved_step:
+            self.save(step)
+            return True
+        return False
+
+    def save(self, step: int, sync: bool | None = None) -> None:
+        """Save the current state as step `step` (all ranks). sync=True blocks until it is published."""
+        if not self.cfg.enable:
+            return
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time; publishes the previous one
+        use_async = self.async_mode if sync is None else not sync
+        staging = self.root / f"{layout.STAGING_PREFIX}{layout.step_dir_name(step)}"
+        tensors: dict[str, torch.Tensor] = {}
+        skeletons = {name: split_state(obj.state_dict(), name, tensors) for name, obj in self.states.items()}
+        tensors.update(rng_state_tensors(self.rank))
+        manifest = {"format": 1, "step": step, "world_size": self.world, "stage": self.stage,
+                    "config": self.config, "states": skeletons, "saved_at": time.time()}
+        json.dumps(manifest, allow_nan=True)  # fail now, on every rank, if a state is not JSON-serializable
+        writer = FileSystemWriter(staging, sync_files=True)
+        if use_async:
+            upload = dcp.async_save(tensors, storage_writer=writer, process_group=self._save_group)
+            written = self._executor.submit(self._finish_rank_files, upload, staging)
+        else:
+            dcp.save(tensors, storage_writer=writer)
+            written = Future()
+            written.set_result(self._finish_rank_files(None, staging))
+        self._pending = _PendingSave(step, staging, manifest, written, t0)
+        self.last_saved_step = step
+        if not use_async:
+            self.wait()
+        self.last_save_stall_s = time.perf_counter() - t0
+
+    def _finish_rank_files(self, upload: Future | None, staging: Path) -> dict:
+        """Runs after this rank's DCP write: size (and crc32) of the files this rank wrote."""
+        if upload is not None:
+            upload.result()
+        mine = sorted(staging.glob(f"__{self.rank}_*.distcp"))
+        if self.rank == 0:
+            mine.append(staging / ".metadata")
+        return {p.name: layout.file_record(p, self.cfg.checksums) for p in mine}
+
+    def _poll_pending(self) -> None:
+        """Publish the in-flight async save if every rank has finished writing it (one tiny all_reduce)."""
+        if self._pending is not None and self._all_true(self._pending.writer.done()):
+            self._publish()
+
+    def wait(self) -> None:
+        """Block until the in-flight save (if any) is written and published on every rank."""
+        if self._pending is not None:
+            self._pending.writer.result()
+            self._barrier()
+            self._publish()
+
+    def _publish(self) -> None:
+        p, self._pending = self._pending, None
+        files = p.writer.result()  # raises here if this rank's write failed
+        if self.distributed:
+            gathered: list = [None] * self.world
+            dist.all_gather_object(gathered, files)
+            files = {k: v for d in gathered for k, v in d.items()}
+        if self.rank == 0:
+            final = layout.publish(self.root, p.staging, p.step, {**p.manifest, "files": files})
+            removed = layout.apply_retention(self.root, self.cfg.keep_last, self.cfg.keep_every)
+            log.info("checkpoint step %d published at %s in %.2fs%s", p.step, final,
+                     time.perf_counter() - p.started, f"; removed steps {removed}" if removed else "")
+        self._barrier()  # nobody proceeds (or exits) before the checkpoint is published
+
+    def close(self) -> None:
+        self.wait()
+        self._executor.shutdown(wait=True)
+
+    # ----- load -----------------------------------------------------------------------------------
+    def latest_step(self) -> int | None:
+        return layout.latest_step(self.root)
+
+    def load_latest(self) -> int | None:
+        """Resume from the newest published checkpoint; returns its step, or None for a fresh run."""
+        if not self.cfg.enable:
+            return None
+        step = self.latest_step()
+        agreed = self._broadcast_int(-1 if step is None else step)
+        if agreed < 0:
+            return None
+        self.load(agreed)
+        return agreed
+
+    def _broadcast_int(self, value: int) -> int:
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=collective_device())
+        dist.broadcast(t, src=0)
+        return int(t.item())
+
+    def load(self, step: int) -> dict:
+        """Load checkpoint `step` into the live states (any world size); returns its manifest."""
+        ckpt = self.root / layout.step_dir_name(step)
+        manifest = layout.read_manifest(ckpt)
+        if self.rank == 0 or not self.distributed:
+            layout.verify_files(ckpt, manifest)
+        self._barrier()
+        metadata = read_dcp_metadata(ckpt / ".metadata").state_dict_metadata
+        saved_world = int(manifest["world_size"])
+
+        targets: dict[str, torch.Tensor] = {}
+        live = {}
+        for name, obj in self.states.items():
+            if name not in manifest["states"]:
+                raise CheckpointError(f"checkpoint {ckpt} has no state {name!r} (it has "
+                                      f"{sorted(manifest['states'])})")
+            live_tensors: dict[str, torch.Tensor] = {}
+            split_state(obj.state_dict(), name, live_tensors)
+            live[name] = live_tensors
+            for path in tensor_paths(manifest["states"][name]):
+                targets[path] = self._target(path, live_tensors.get(path), metadata, ckpt)
+            missing = sorted(set(live_tensors) - set(targets))
+            if missing and name in ("model", "optimizer"):
+                raise CheckpointError(f"checkpoint {ckpt} lacks tensor {missing[0]!r} of the current {name} "
+                                      f"({len(missing)} missing): it was saved from another model")
+        rng_prefix = f"rng/rank{self.rank}/"
+        has_rng = self.rank < saved_world
+        if has_rng:
+            for path in metadata:
+                if path.startswith(rng_prefix):
+                    targets[path] = self._target(path, None, metadata, ckpt)
+        dcp.load(targets, storage_reader=SafeFileSystemReader(ckpt))
+
+        for name, obj in self.states.items():
+            obj.load_state_dict(join_state(manifest["states"][name], targets))
+        if has_rng:
+            restore_rng_state(targets, self.rank)
+        elif self.rank == 0 or self.rank == saved_world:
+            log.warning("checkpoint was saved by %d ranks, now %d: ranks >= %d keep their fresh RNG seeding",
+                        saved_world, self.world, saved_world)
+        self.last_saved_step = step
+        log.info("resumed from %s (saved by %d ranks, loaded on %d)", ckpt, saved_world, self.world)
+        return manifest
+
+    @staticmethod
+    def _target(path: str, live: torch.Tensor | None, metadata: dict, ckpt: Path) -> torch.Tensor:
+        """The tensor DCP loads `path` into: the live one (in place, keeps sharding) or a fresh one."""
+        md = metadata.get(path)
+        if md is None or not hasattr(md, "size"):
+            raise CheckpointError(f"checkpoint {ckpt} is inconsistent: tensor {path!r} is listed in "
+                                  f"{layout.MANIFEST} but not in .metadata")
+        if live is None:
+            return torch.empty(md.size, dtype=md.properties.dtype)
+        if tuple(live.shape) != tuple(md.size):
+            raise CheckpointError(f"checkpoint {ckpt} has tensor {path!r} of shape {tuple(md.size)}, the current "
+                                  f"model has {tuple(live.shape)}: it was saved from a model of another shape")
+        return live
