@@ -263,8 +263,10 @@ def import_ouro_hf(path, device="cpu", dtype: torch.dtype | None = None) -> Loop
     for f in sorted(set(files.values())):
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             for name in sf.keys():
+                # clone: safetensors hands out views at arbitrary byte offsets of the file buffer, and CPU
+                # matmul kernels round differently on unaligned memory; fresh storage keeps logits identical.
                 t = sf.get_tensor(name)
-                state[titanloop_name(name)] = t if dtype is None else t.to(dtype)
+                state[titanloop_name(name)] = t.clone() if dtype is None else t.to(dtype, copy=True)
     with torch.device("meta"):
         model = LoopLM(cfg)
     model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
