@@ -98,6 +98,9 @@ def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None
         raise ConfigError("dataset is empty: no token has a target (all labels are -100); "
                           "expected at least one scored token")
     if vocab_size is not None:
-        top = max(int(b["input_ids"].max()) for b in batches)
-        require(top < vocab_size, "dataset token id", top, f"ids < the model's vocab_size={vocab_size}")
+        top = max(max(int(b["input_ids"].max()), int(b["labels"].max())) for b in batches)
+        low = min(int(torch.where(b["labels"] == IGNORE_INDEX, 0, b["labels"]).min().clamp(max=int(b["input_ids"].min())))
+                  for b in batches)
+        require(0 <= low and top < vocab_size, "dataset token id", top if top >= vocab_size else low,
+                f"ids in [0, {vocab_size}) (the model's vocab_size)")
     return batches
