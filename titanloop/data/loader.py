@@ -76,6 +76,11 @@ class PackedLoader:
         self._counts = [int(saved.get(n, {}).get("samples", 0)) for n in names]
         self._steps = int(state.get("steps", 0))
 
+    def stats(self) -> dict:
+        """Counters of this rank: rows emitted fully masked because their shard was bad (on_bad_shard=skip)."""
+        return {s.name: {"bad_rows": getattr(s, "bad_rows", 0), "bad_shards": len(getattr(s, "bad_shards", ()))}
+                for s in self.sources}
+
     # ----- iteration ----------------------------------------------------------------------------
     def __iter__(self):
         return self

@@ -1,0 +1,150 @@
+"""Tokenize FineWeb / FineWeb-Edu parquet and Nemotron-CC jsonl(.zst) into MDS or webdataset shards.
+
+    python -m data_pipelines.tokenize --tokenizer tokenizer.json --source fineweb-edu \
+        --format mds --out /data/shards/fineweb-edu  /data/raw/fineweb-edu/  [--workers 8]
+
+Every input file becomes one part (part-NNNNN...), tokenized by one worker process, documents in file
+order, each followed by EOS; parts are numbered by sorted input path, so the output does not depend on
+--workers. A manifest.json (source, documents, tokens, tokenizer fingerprint, per-shard sha1) is written
+last. Inputs and --out may be local paths or s3:// / gs:// URLs (pyarrow / mosaicml-streaming handle them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+
+from data_pipelines.output import OutputDir
+from data_pipelines.readers import list_inputs, read_documents
+from titanloop.config_errors import ConfigError
+from titanloop.data.shard_format import DEFAULT_SHARD_BYTES, FORMATS, Manifest, ShardWriter, token_dtype
+from titanloop.data.tokenizer import find_eos_id, load_tokenizer, tokenizer_fingerprint
+
+BATCH_DOCS = 256
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m data_pipelines.tokenize", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", help="parquet / .jsonl / .jsonl.zst(d) files or directories (recursive)")
+    p.add_argument("--tokenizer", required=True, help="path of a Hugging Face tokenizer.json")
+    p.add_argument("--out", required=True, help="output shard-set directory (must be new or empty) or URL")
+    p.add_argument("--format", choices=FORMATS, default="mds", help="shard format (default: mds)")
+    p.add_argument("--source", default=None, help="source name recorded in the manifest (default: --out basename)")
+    p.add_argument("--text-column", default="text", help="column / key holding the document text (default: text)")
+    p.add_argument("--eos-token", default=None, help="EOS token appended after every document "
+                   "(default: the first of <|endoftext|>, </s>, <eos>, ... in the vocabulary)")
+    p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)),
+                   help="processes, one input file at a time each (default: min(8, CPUs))")
+    p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="shard size limit in bytes "
+                   f"(default: {DEFAULT_SHARD_BYTES})")
+    p.add_argument("--min-tokens", type=int, default=1, help="drop documents with fewer tokens (before EOS)")
+    return p.parse_args(argv)
+
+
+def tokenize_file(job) -> tuple[int, list, int, int]:
+    """Worker: one input file -> one part of shards. Returns (part, shard infos, documents, tokens)."""
+    part, path, args, fingerprint, eos_id, vocab_size, progress = job
+    tokenizer = load_tokenizer(args.tokenizer)
+    writer = ShardWriter(args.format, args.local_out, part, token_dtype(vocab_size), fingerprint, args.shard_bytes)
+    docs = tokens = 0
+    batch: list[tuple[str, str, dict]] = []
+
+    def flush():
+        nonlocal docs, tokens
+        encodings = tokenizer.encode_batch([text for text, _, _ in batch], add_special_tokens=False)
+        n_tok = 0
+        for (_, doc_id, meta), enc in zip(batch, encodings):
+            if len(enc.ids) < args.min_tokens:
+                continue
+            writer.write(enc.ids + [eos_id], doc_id, 0, meta)
+            docs += 1
+            n_tok += len(enc.ids) + 1
+        tokens += n_tok
+        progress.put((0, n_tok))
+        batch.clear()
+
+    try:
+        for doc in read_documents(path, args.text_column):
+            batch.append(doc)
+            if len(batch) == BATCH_DOCS:
+                flush()
+        if batch:
+            flush()
+        shards = writer.finish()
+    except SystemExit:
+        raise
+    except Exception as e:
+        raise SystemExit(f"error: input {path}: {type(e).__name__}: {e}") from None
+    progress.put((1, 0))
+    return part, shards, docs, tokens
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.workers < 1:
+        raise SystemExit("error: --workers must be >= 1")
+    try:
+        fingerprint = tokenizer_fingerprint(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer)
+        eos_id = find_eos_id(tokenizer, args.eos_token)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    vocab_size = tokenizer.get_vocab_size()
+    inputs = list_inputs(args.inputs)
+    if not inputs:
+        raise SystemExit(f"error: no parquet / jsonl(.zst) files found in {args.inputs}")
+    out = OutputDir(args.out)
+    args.local_out = out.local
+    source = args.source or os.path.basename(args.out.rstrip("/"))
+    print(f"tokenizing {len(inputs)} file(s) with {args.tokenizer} ({fingerprint[:17]}, vocab {vocab_size}, "
+          f"eos {eos_id}) -> {args.format} {args.out}", file=sys.stderr)
+
+    if args.format == "mds":
+        import streaming  # noqa: F401  (slow import: once here, inherited by the forked workers)
+    ctx = mp.get_context("fork")
+    manager = ctx.Manager()
+    progress = manager.Queue()
+    jobs = [(i, path, args, fingerprint, eos_id, vocab_size, progress) for i, path in enumerate(inputs)]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false" if args.workers > 1 else "true")
+    results = []
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, unit="tok", unit_scale=True, desc=f"{source} 0/{len(inputs)} files", file=sys.stderr,
+               mininterval=0.5)
+    files_done, start = 0, time.time()
+    with ctx.Pool(min(args.workers, len(inputs))) as pool:
+        pending = pool.map_async(tokenize_file, jobs, chunksize=1)
+        while True:
+            try:
+                done, n_tok = progress.get(timeout=0.2)
+                bar.update(n_tok)
+                if done:
+                    files_done += 1
+                    bar.set_description(f"{source} {files_done}/{len(inputs)} files")
+            except queue.Empty:
+                if pending.ready():
+                    break
+        results = pending.get()  # re-raises a worker's SystemExit with its one-line message
+    while not progress.empty():
+        bar.update(progress.get()[1])
+    bar.set_description(f"{source} {len(inputs)}/{len(inputs)} files")
+    bar.close()
+    manifest = Manifest(format=args.format, source=source, dtype=token_dtype(vocab_size),
+                        tokenizer={"fingerprint": fingerprint, "vocab_size": vocab_size, "eos_id": eos_id,
+                                   "path": os.path.abspath(args.tokenizer)},
+                        inputs=inputs)
+    for _, shards, _, _ in sorted(results, key=lambda r: r[0]):
+        manifest.shards += shards
+    out.publish(manifest)
+    secs = time.time() - start
+    print(f"wrote {manifest.documents} documents, {manifest.tokens} tokens in {len(manifest.shards)} shards to "
+          f"{args.out} ({manifest.tokens / max(secs, 1e-9):,.0f} tokens/s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""On-disk shard formats (MDS and webdataset) and the manifest that describes a shard set.
+
+A shard set is a directory (local or s3://, gs://, ...) with `manifest.json` and shard files. Each
+*document* is stored whole, already tokenized, in the order the pipeline read it:
+  tokens      raw little-endian token ids (dtype `uint16` when the vocabulary fits, else `uint32`),
+              ending with the EOS id (the separator between documents)
+  id          the source's document id (FineWeb `id`, Nemotron-CC `warc_record_id`, ...) or a generated one
+  prompt_len  leading tokens that are not training targets (synthetic-task prompts; 0 for text)
+  meta        JSON object with the remaining metadata columns (url, dump, language_score, ...)
+
+MDS (mosaicml-streaming): `part-NNNNN/shard.SSSSS.mds` + `part-NNNNN/index.json` per input part, and a merged
+top-level `index.json`, so `streaming.StreamingDataset` can read the set too. Columns: tokens=bytes, id=str,
+prompt_len=int, meta=json.
+webdataset: `part-NNNNN-SSSSSS.tar`, one sample per document: `<key>.tokens` (raw bytes) and `<key>.json`
+({"id", "prompt_len", "meta"}).
+
+manifest.json (version 1):
+  {"version": 1, "format": "mds" | "webdataset", "source": "fineweb-edu",
+   "tokenizer": {"fingerprint": "sha1:...", "vocab_size": 49152, "eos_id": 0, "path": "..."},
+   "dtype": "uint16", "documents": D, "tokens": T, "inputs": [...],
+   "shards": [{"path": "part-00000/shard.00000.mds", "documents": d, "tokens": t, "bytes": b, "sha1": "...",
+               "tokenizer": "sha1:..."}, ...]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from titanloop.config_errors import ConfigError
+from titanloop.data.errors import ShardError
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+FORMATS = ("mds", "webdataset")
+MDS_COLUMNS = {"tokens": "bytes", "id": "str", "prompt_len": "int", "meta": "json"}
+DEFAULT_SHARD_BYTES = 64 << 20
+
+
+def token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+@dataclass
+class ShardInfo:
+    path: str  # relative to the shard-set directory
+    documents: int
+    tokens: int
+    bytes: int
+    sha1: str
+    tokenizer: str  # fingerprint of the tokenizer that wrote it
+
+
+@dataclass
+class Manifest:
+    format: str
+    source: str
+    tokenizer: dict  # fingerprint, vocab_size, eos_id, path
+    dtype: str
+    shards: list[ShardInfo] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    version: int = MANIFEST_VERSION
+
+    @property
+    def documents(self) -> int:
+        return sum(s.documents for s in self.shards)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["documents"], d["tokens"] = self.documents, self.tokens
+        return json.dumps(d, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "Manifest":
+        try:
+            d = json.loads(text)
+            if d.get("version") != MANIFEST_VERSION:
+                raise ShardError(where, f"manifest version {d.get('version')!r} is not {MANIFEST_VERSION}",
+                                 "re-create the shard set with this titanloop's data_pipelines")
+            if d.get("format") not in FORMATS:
+                raise ShardError(where, f"manifest format {d.get('format')!r} is not one of {FORMATS}")
+            shards = [ShardInfo(**s) for s in d["shards"]]
+            return cls(format=d["format"], source=d["source"], tokenizer=d["tokenizer"], dtype=d["dtype"],
+                       shards=shards, inputs=d.get("inputs", []))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ShardError(where, f"manifest is unreadable ({type(e).__name__}: {e})") from None
+
+
+def sha1_bytes(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+# ----- writing ---------------------------------------------------------------------------------------
+class ShardWriter:
+    """Writes documents of one input part into size-limited shards of one format; `finish()` -> ShardInfos.
+
+    out_dir is local (the pipeline stages remote outputs locally and uploads them afterwards).
+    """
+
+    def __init__(self, fmt: str, out_dir: str, part: int, dtype: str, fingerprint: str,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+        if fmt not in FORMATS:
+            raise ConfigError(f"format={fmt!r} is invalid: expected one of {FORMATS}")
+        self.fmt, self.out_dir, self.part = fmt, out_dir, part
+        self.dtype, self.fingerprint, self.shard_bytes = np.dtype(dtype), fingerprint, shard_bytes
+        self.doc_tokens: list[int] = []  # tokens of every document, in order (MDS shard accounting)
+        self.shards: list[ShardInfo] = []
+        if fmt == "mds":
+            from streaming import MDSWriter
+
+            self.part_dir = f"part-{part:05d}"
+            self._mds = MDSWriter(out=os.path.join(out_dir, self.part_dir), columns=MDS_COLUMNS,
+                                  size_limit=shard_bytes)
+        else:
+            self._tar, self._tar_bytes, self._tar_docs, self._tar_tokens = None, 0, 0, 0
+
+    def write(self, tokens, doc_id: str, prompt_len: int = 0, meta: dict | None = None) -> None:
+        arr = np.asarray(tokens).astype(self.dtype, copy=False)
+        data = arr.tobytes()
+        self.doc_tokens.append(len(arr))
+        if self.fmt == "mds":
+            self._mds.write({"tokens": data, "id": doc_id, "prompt_len": int(prompt_len), "meta": meta or {}})
+            return
+        if self._tar is None or self._tar_bytes >= self.shard_bytes:
+            self._close_tar()
+            self._open_tar()
+        key = f"{self.part:05d}{len(self.doc_tokens) - 1:010d}"
+        info = json.dumps({"id": doc_id, "prompt_len": int(prompt_len), "meta": meta or {}}).encode()
+        self._tar.write({"__key__": key, "tokens": data, "json": info})
+        self._tar_bytes += len(data) + len(info) + 1536  # two headers + padding, roughly
+        self._tar_docs += 1
+        self._tar_tokens += len(arr)
+
+    def _open_tar(self) -> None:
+        import webdataset as wds
+
+        name = f"part-{self.part:05d}-{len(self.shards):06d}.tar"
+        self._tar_path = name
+        self._tar = wds.TarWriter(os.path.join(self.out_dir, name))
+        self._tar_bytes = self._tar_docs = self._tar_tokens = 0
+
+    def _close_tar(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        self.shards.append(self._describe(self._tar_path, self._tar_docs, self._tar_tokens))
+        self._tar = None
+
+    def _describe(self, rel: str, documents: int, tokens: int) -> ShardInfo:
+        with open(os.path.join(self.out_dir, rel), "rb") as f:
+            data = f.read()
+        return ShardInfo(rel, documents, tokens, len(data), sha1_bytes(data), self.fingerprint)
+
+    def finish(self) -> list[ShardInfo]:
+        if self.fmt == "webdataset":
+            self._close_tar()
+            return self.shards
+        self._mds.finish()
+        with open(os.path.join(self.out_dir, self.part_dir, "index.json")) as f:
+            index = json.load(f)
+        start = 0
+        for shard in index["shards"]:
+            n = shard["samples"]
+            rel = f"{self.part_dir}/{shard['raw_data']['basename']}"
+            self.shards.append(self._describe(rel, n, sum(self.doc_tokens[start:start + n])))
+            start += n
+        return self.shards
+
+
+# ----- reading ---------------------------------------------------------------------------------------
+@dataclass
+class ShardData:
+    """One decoded shard: all its tokens back to back, document offsets, per-document prompt lengths."""
+
+    tokens: np.ndarray  # [n_tokens] in the manifest dtype
+    doc_starts: np.ndarray  # int64 [documents + 1]
+    prompt_lens: np.ndarray  # int64 [documents]
+    ids: list[str]
+
+
+def decode_shard(fmt: str, data: bytes, dtype: str, where: str) -> ShardData:
+    """Parse a whole shard file; any structural problem is a ShardError naming `where`."""
+    try:
+        pieces, prompt_lens, ids = (_decode_mds if fmt == "mds" else _decode_tar)(data)
+    except ShardError:
+        raise
+    except Exception as e:  # malformed bytes surface as many exception types
+        raise ShardError(where, f"cannot be decoded as {fmt} ({type(e).__name__}: {e}); it is corrupt or "
+                                "truncated") from None
+    width = np.dtype(dtype).itemsize
+    if any(len(p) % width for p in pieces):
+        raise ShardError(where, f"a document's token bytes are not a multiple of {dtype}; corrupt shard")
+    tokens = np.frombuffer(b"".join(pieces), dtype=dtype)
+    lengths = np.fromiter((len(p) // width for p in pieces), dtype=np.int64, count=len(pieces))
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)])
+    return ShardData(tokens, doc_starts, np.asarray(prompt_lens, dtype=np.int64), ids)
+
+
+def _mds_decode(encoding: str, raw: bytes):
+    """The MDS encodings titanloop writes (streaming.base.format.mds.encodings), without importing
+    mosaicml-streaming (its import pulls in much of torch and takes seconds on every rank)."""
+    if encoding == "str":
+        return raw.decode("utf-8")
+    if encoding == "int":
+        return int(np.frombuffer(raw, np.int64)[0])
+    if encoding == "json":
+        return json.loads(raw.decode("utf-8"))
+    raise ValueError(f"unexpected MDS column encoding {encoding!r}")
+
+
+def _decode_mds(data: bytes):
+    n = int(np.frombuffer(data[:4], np.uint32)[0])
+    offsets = np.frombuffer(data[4:8 + 4 * n], np.uint32).astype(np.int64)
+    if len(offsets) != n + 1 or offsets[-1] != len(data):
+        raise ValueError(f"offset table says {offsets[-1] if len(offsets) else '?'} bytes, file has {len(data)}")
+    config_end = int(offsets[0])
+    config = json.loads(data[8 + 4 * n:config_end])
+    names, encodings, sizes = config["column_names"], config["column_encodings"], config["column_sizes"]
+    if sorted(names) != sorted(MDS_COLUMNS):
+        raise ValueError(f"columns {names} are not the titanloop columns {sorted(MDS_COLUMNS)}")
+    n_var = sum(1 for s in sizes if not s)
+    pieces, prompt_lens, ids = [], [], []
+    for i in range(n):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        var_sizes = iter(np.frombuffer(data[lo:lo + 4 * n_var], np.uint32).tolist())
+        pos = lo + 4 * n_var
+        sample = {}
+        for name, enc, size in zip(names, encodings, sizes):
+            size = size or next(var_sizes)
+            raw = data[pos:pos + size]
+            sample[name] = raw if name == "tokens" else _mds_decode(enc, raw)
+            pos += size
+        if pos != hi:
+            raise ValueError(f"sample {i} spans {pos - lo} bytes, its offsets say {hi - lo}")
+        pieces.append(sample["tokens"])
+        prompt_lens.append(sample["prompt_len"])
+        ids.append(sample["id"])
+    return pieces, prompt_lens, ids
+
+
+def _decode_tar(data: bytes):
+    pieces, prompt_lens, ids = [], [], []
+    pending: dict[str, dict] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            key, _, ext = member.name.partition(".")
+            payload = tar.extractfile(member).read()
+            if len(payload) != member.size:
+                raise ValueError(f"member {member.name} is truncated")
+            sample = pending.setdefault(key, {})
+            sample[ext] = payload
+            if "tokens" in sample and "json" in sample:
+                info = json.loads(pending.pop(key)["json"])
+                pieces.append(sample["tokens"])
+                prompt_lens.append(int(info["prompt_len"]))
+                ids.append(info["id"])
+    if pending:
+        raise ValueError(f"incomplete samples {sorted(pending)[:3]}")
+    return pieces, prompt_lens, ids
