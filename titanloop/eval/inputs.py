@@ -6,8 +6,8 @@ Accepted datasets (`eval_batches`):
   - one batch dict or a list of batch dicts with `input_ids` [B, S] and `labels` [B, S] (-100 = not scored,
     already shifted: the titanloop.data convention), optionally `doc_ids`;
   - any iterable of such batch dicts (e.g. a titanloop.data loader, which is infinite): the first `max_batches`;
-  - a titanloop.data `DataConfig` (e.g. kind='synthetic_task', split='eval'): built at `seq_len`, first
-    `max_batches` micro-batches.
+  - a titanloop.data `DataConfig`: kind='synthetic_task' with split='eval' gives held-out examples (one per
+    row, labels on the answer tokens); any other kind gives the first `max_batches` training micro-batches.
 Every batch gets a `token_mask` [B, S] (real tokens, False on padding) used for hidden-state statistics.
 """
 
@@ -60,6 +60,28 @@ def _check_batch(b, i: int) -> dict:
     return out
 
 
+def _data_config_batches(cfg, batch_size: int, n_batches: int, seq_len: int, vocab_size: int | None) -> list[dict]:
+    """Batches from a titanloop.data DataConfig: held-out examples for a synthetic task with split='eval'
+    (one example per row, labels on the answer), else the first micro-batches of the training loader."""
+    require(vocab_size is not None, "vocab_size", vocab_size, "the model's vocab size when dataset is a DataConfig")
+    if cfg.kind == "synthetic_task" and cfg.split == "eval":
+        from titanloop.data.synthetic_tasks import build_task, eval_batches as task_eval_batches
+
+        options = {k: v for k, v in cfg.task_options.items() if k != "train_size"}
+        task = build_task(cfg.task, seed=cfg.seed, **options)
+        require(task.vocab_size <= vocab_size, "model vocab_size", vocab_size,
+                f">= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
+        return list(task_eval_batches(task, n_batches * batch_size, batch_size, seed=cfg.seed))
+    from titanloop.data import build_dataloader
+
+    loader = build_dataloader(cfg, seq_len=seq_len, micro_batch_size=batch_size, global_batch_size=batch_size,
+                              dp_rank=0, dp_world=1, vocab_size=vocab_size)
+    try:
+        return list(itertools.islice(iter(loader), n_batches))
+    finally:
+        loader.close()
+
+
 def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None, seq_len: int = 256,
                  vocab_size: int | None = None) -> list[dict]:
     """A finite list of checked batches (see the module docstring); one-line ConfigError on bad input."""
@@ -68,13 +90,7 @@ def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None
     if dataset is None:
         raise ConfigError("dataset=None is invalid: expected token sequences, batch dicts, a loader or a DataConfig")
     if type(dataset).__name__ == "DataConfig":
-        from titanloop.data import build_dataloader  # helper C's loader; imported only when asked for
-
-        require(vocab_size is not None, "vocab_size", vocab_size, "the model's vocab size when dataset is a DataConfig")
-        loader = build_dataloader(dataset, seq_len=seq_len, micro_batch_size=batch_size, global_batch_size=batch_size,
-                                  dp_rank=0, dp_world=1, vocab_size=vocab_size)
-        dataset = itertools.islice(iter(loader), max_batches or DEFAULT_MAX_BATCHES)
-        max_batches = None
+        dataset = _data_config_batches(dataset, batch_size, max_batches or DEFAULT_MAX_BATCHES, seq_len, vocab_size)
     if isinstance(dataset, Mapping):
         dataset = [dataset]
     if isinstance(dataset, torch.Tensor):

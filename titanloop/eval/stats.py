@@ -37,8 +37,8 @@ class LoopStats:
     ash_delta: torch.Tensor  # [T, N]
     hidden_delta: torch.Tensor  # [T, N]
     gate_logits: torch.Tensor  # [T, N]
-    row: torch.Tensor  # [N] long: which dataset row each scored token belongs to
-    n_rows: int
+    row: torch.Tensor  # [N] long: which example each scored token belongs to (a row, or a document of a row)
+    n_rows: int  # number of examples
     state_rms: torch.Tensor  # [T, M] float32 over the M real (unpadded) tokens
 
     @property
@@ -62,7 +62,8 @@ class LoopStats:
             "loss": loss,
             "perplexity": math.exp(min(loss, 80.0)),
             "token_accuracy": float(correct.float().mean()),
-            "sequence_accuracy": float((wrong[scored > 0] == 0).float().mean()),  # all scored tokens of a row right
+            # exact match: every scored token of the example right (the answer accuracy of synthetic tasks)
+            "sequence_accuracy": float((wrong[scored > 0] == 0).float().mean()),
         }
 
 
@@ -123,12 +124,16 @@ def collect_loop_stats(model: LoopLM, batches: list[dict], n_loops: int, *, chun
         parts["hdelta"].append(torch.stack(hdelta))
         parts["gate"].append(torch.stack(gates).cpu())
         parts["rms"].append(torch.stack(rms))
-        rows = torch.arange(ids.shape[0], device=device)[:, None].expand_as(ids)[scored].cpu()
-        parts["row"].append(rows + row_offset)
-        row_offset += ids.shape[0]
+        # an example is a row, or a document of a packed row: key = global row * (S + 1) + doc id
+        key = torch.arange(ids.shape[0], device=device)[:, None] * (ids.shape[1] + 1) + row_offset
+        if batch.get("doc_ids") is not None:
+            key = key + batch["doc_ids"].to(device)
+        parts["row"].append(key.expand_as(ids)[scored].cpu())
+        row_offset += ids.shape[0] * (ids.shape[1] + 1)
         if progress is not None:
             progress(f"batch {bi + 1}/{len(batches)}: {int(scored.sum())} scored tokens, {n_loops} loops")
+    row = torch.unique(torch.cat(parts["row"]), return_inverse=True)[1]
     return LoopStats(ce=torch.cat(parts["ce"], 1), correct=torch.cat(parts["correct"], 1),
                      margin=torch.cat(parts["margin"], 1), ash_delta=torch.cat(parts["ash"], 1),
                      hidden_delta=torch.cat(parts["hdelta"], 1), gate_logits=torch.cat(parts["gate"], 1),
-                     row=torch.cat(parts["row"]), n_rows=row_offset, state_rms=torch.cat(parts["rms"], 1))
+                     row=row, n_rows=int(row.max()) + 1 if row.numel() else 0, state_rms=torch.cat(parts["rms"], 1))

@@ -151,7 +151,7 @@ def evaluate(model, dataset, cfg: EvalConfig | None = None, *, progress=None, me
     report = {
         "schema": REPORT_SCHEMA,
         "model": {"config": model.cfg.to_dict(), "params": model.num_params(), **(meta or {})},
-        "data": {"batches": len(batches), "rows": stats.n_rows, "scored_tokens": stats.n_tokens},
+        "data": {"batches": len(batches), "examples": stats.n_rows, "scored_tokens": stats.n_tokens},
         "config": dataclasses.asdict(cfg),
         "depth_sweep": depth_sweep_from_stats(stats, cfg.sweep_loops(model.cfg), model.cfg.n_loops),
         "exit_frontier": _frontier(stats, cfg, model),
