@@ -228,18 +228,18 @@ class Checkpointer:
         saved_world = int(manifest["world_size"])
 
         targets: dict[str, torch.Tensor] = {}
-        live = {}
+        live = {}  # the current state dicts: shapes to check, in-place load targets
         for name, obj in self.states.items():
             if name not in manifest["states"]:
                 raise CheckpointError(f"checkpoint {ckpt} has no state {name!r} (it has "
                                       f"{sorted(manifest['states'])})")
             live_tensors: dict[str, torch.Tensor] = {}
-            split_state(obj.state_dict(), name, live_tensors)
-            live[name] = live_tensors
+            live[name] = obj.state_dict()
+            split_state(live[name], name, live_tensors)
             for path in tensor_paths(manifest["states"][name]):
                 targets[path] = self._target(path, live_tensors.get(path), metadata, ckpt)
             missing = sorted(set(live_tensors) - set(targets))
-            if missing and name in ("model", "optimizer"):
+            if missing and name == "model":  # (optimizer state may legitimately lack never-updated params)
                 raise CheckpointError(f"checkpoint {ckpt} lacks tensor {missing[0]!r} of the current {name} "
                                       f"({len(missing)} missing): it was saved from another model")
         rng_prefix = f"rng/rank{self.rank}/"
@@ -251,7 +251,11 @@ class Checkpointer:
         dcp.load(targets, storage_reader=SafeFileSystemReader(ckpt))
 
         for name, obj in self.states.items():
-            obj.load_state_dict(join_state(manifest["states"][name], targets))
+            loaded = join_state(manifest["states"][name], targets)
+            if name != "model" and isinstance(loaded, dict) and isinstance(live[name], dict):
+                # e.g. optimizer state of parameters that had no gradient yet when saved: keep the fresh one
+                loaded = {**live[name], **loaded}
+            obj.load_state_dict(loaded)
         if has_rng:
             restore_rng_state(targets, self.rank)
         elif self.rank == 0 or self.rank == saved_world:
