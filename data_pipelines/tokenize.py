@@ -18,13 +18,9 @@ import queue
 import sys
 import time
 
-from data_pipelines.output import OutputDir
-from data_pipelines.readers import list_inputs, read_documents
-from titanloop.config_errors import ConfigError
-from titanloop.data.shard_format import DEFAULT_SHARD_BYTES, FORMATS, Manifest, ShardWriter, token_dtype
-from titanloop.data.tokenizer import find_eos_id, load_tokenizer, tokenizer_fingerprint
-
 BATCH_DOCS = 256
+FORMATS = ("mds", "webdataset")
+DEFAULT_SHARD_BYTES = 64 << 20  # = titanloop.data.shard_format.DEFAULT_SHARD_BYTES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,6 +44,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def tokenize_file(job) -> tuple[int, list, int, int]:
     """Worker: one input file -> one part of shards. Returns (part, shard infos, documents, tokens)."""
+    from data_pipelines.readers import read_documents
+    from titanloop.data.shard_format import ShardWriter, token_dtype
+    from titanloop.data.tokenizer import load_tokenizer
+
     part, path, args, fingerprint, eos_id, vocab_size, progress = job
     tokenizer = load_tokenizer(args.tokenizer)
     writer = ShardWriter(args.format, args.local_out, part, token_dtype(vocab_size), fingerprint, args.shard_bytes)
@@ -85,7 +85,13 @@ def tokenize_file(job) -> tuple[int, list, int, int]:
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
+    args = parse_args(argv)  # heavy imports only after --help / argument errors
+    from titanloop.data.shard_output import OutputDir
+    from data_pipelines.readers import list_inputs
+    from titanloop.config_errors import ConfigError
+    from titanloop.data.shard_format import Manifest, token_dtype
+    from titanloop.data.tokenizer import find_eos_id, load_tokenizer, tokenizer_fingerprint
+
     if args.workers < 1:
         raise SystemExit("error: --workers must be >= 1")
     try:

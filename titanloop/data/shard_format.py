@@ -146,7 +146,7 @@ class ShardWriter:
 
         name = f"part-{self.part:05d}-{len(self.shards):06d}.tar"
         self._tar_path = name
-        self._tar = wds.TarWriter(os.path.join(self.out_dir, name))
+        self._tar = wds.TarWriter(os.path.join(self.out_dir, name), mtime=0)  # reproducible bytes
         self._tar_bytes = self._tar_docs = self._tar_tokens = 0
 
     def _close_tar(self) -> None:
@@ -269,3 +269,22 @@ def _decode_tar(data: bytes):
     if pending:
         raise ValueError(f"incomplete samples {sorted(pending)[:3]}")
     return pieces, prompt_lens, ids
+
+
+def write_shard_set(out: str, fmt: str, source: str, documents, tokenizer: dict,
+                    shard_bytes: int = DEFAULT_SHARD_BYTES, inputs: list[str] | None = None) -> Manifest:
+    """Write an iterable of (tokens, id, prompt_len, meta) documents as one shard set (single part).
+
+    Used for generated data (synthetic tasks, benchmarks, tests); corpora go through data_pipelines.tokenize.
+    """
+    from titanloop.data.shard_output import OutputDir
+
+    target = OutputDir(out)
+    dtype = token_dtype(int(tokenizer["vocab_size"]))
+    writer = ShardWriter(fmt, target.local, 0, dtype, tokenizer["fingerprint"], shard_bytes)
+    for tokens, doc_id, prompt_len, meta in documents:
+        writer.write(tokens, doc_id, prompt_len, meta)
+    manifest = Manifest(format=fmt, source=source, tokenizer=dict(tokenizer), dtype=dtype,
+                        shards=writer.finish(), inputs=inputs or [])
+    target.publish(manifest)
+    return manifest
