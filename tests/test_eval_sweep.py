@@ -128,6 +128,9 @@ def test_q_exit_zero_and_one_give_first_and_last_loop():
     gates = torch.randn(5, 100) * 3
     assert q_exit(gates, 0.0).tolist() == [1] * 100
     assert q_exit(gates, 1.0).tolist() == [5] * 100
+    saturated = torch.full((5, 3), 40.0)  # λ ≈ 1: 1 - S_1 rounds to 1.0 in fp32, yet q = 1 still means "run to T"
+    assert q_exit(saturated, 1.0).tolist() == [5] * 3
+    assert q_exit(saturated, 0.999).tolist() == [1] * 3
 
 
 def test_pareto_front():

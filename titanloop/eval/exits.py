@@ -14,11 +14,13 @@ no other point beats on both.
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from titanloop.config_errors import require
 from titanloop.eval.stats import LoopStats
-from titanloop.objectives import q_exit_steps
 
 DEFAULT_Q = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 DEFAULT_MARGIN = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99)
@@ -47,9 +49,17 @@ def static_exit(n_tokens: int, t: int) -> torch.Tensor:
     return torch.full((n_tokens,), int(t), dtype=torch.long)
 
 
+def q_reached(log_survival: torch.Tensor, q: float) -> torch.Tensor:
+    """CDF(t) >= q, evaluated as S_t <= 1 - q in log space: exact at q = 1 even when 1 - S_t rounds to 1."""
+    return log_survival <= math.log1p(-q) if q < 1.0 else log_survival == -math.inf
+
+
 def q_exit(gate_logits: torch.Tensor, q: float) -> torch.Tensor:
+    """Q-exit loop per token (ouro §3.2); like objectives.q_exit_steps, but q = 1 always runs to the last loop
+    unless the survival is exactly 0 (saturated gates make 1 - S_t round to 1 in fp32)."""
     check_unit_thresholds([q], "q_thresholds")
-    return q_exit_steps(gate_logits, q)
+    log_survival = torch.cumsum(F.logsigmoid(-gate_logits.float()), dim=0)
+    return _first_true(q_reached(log_survival, q))
 
 
 def below_for(signal: torch.Tensor, eps: float, patience: int = 1) -> torch.Tensor:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.eval.exits import q_reached
 from titanloop.eval.trace import iter_loops
 from titanloop.model import LoopLM, LoopLMConfig
 
@@ -213,7 +214,7 @@ def _run_loops(model, ids, n_loops, cfg: GenerationConfig, **kw):
         if cfg.exit_policy == "static" or step.t == n_loops:
             now = ~decided if step.t == n_loops else torch.zeros_like(decided)
         else:
-            now = ~decided & ((1.0 - log_surv.exp()) >= cfg.q)
+            now = ~decided & q_reached(log_surv, cfg.q)
         chosen[now] = readout[now]
         exit_loop[now] = step.t
         decided |= now

@@ -28,10 +28,10 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.eval.exits import q_exit
 from titanloop.eval.generate import GenerationConfig, generate
 from titanloop.eval.loading import load_model
 from titanloop.eval.trace import iter_loops
-from titanloop.objectives import q_exit_steps
 
 
 class ByteTokenizer:
@@ -99,7 +99,7 @@ class TitanloopLM(LM):
         if self.exit_policy == "static":
             readout = steps[-1].exit_readout
         else:
-            exit_loop = q_exit_steps(torch.stack([s.gate_logit for s in steps]), self.q)  # [B, S]
+            exit_loop = q_exit(torch.stack([s.gate_logit for s in steps]), self.q)  # [B, S]
             stacked = torch.stack([s.exit_readout for s in steps])  # [T, B, S, H]
             idx = (exit_loop - 1)[None, ..., None].expand(1, *stacked.shape[1:])
             readout = stacked.gather(0, idx)[0]
