@@ -11,6 +11,7 @@ Progress: RUN/progress holds the last finished step; stdout has one line per ste
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -55,6 +56,7 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(name)s: %(message)s")
     run_dir = Path(args.run_dir)
     torch.manual_seed(1234 + rank)
 
