@@ -78,7 +78,9 @@ class TitanloopLM(LM):
                  tokenizer: str | None = None, bos_token_id: int | None = None, max_length: int | None = None,
                  batch_size: int | str | None = 1, device: str | None = "cpu", **unused):
         super().__init__()
-        self.model = load_model(pretrained, device=device or "cpu")
+        if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "cpu"  # lm_eval's CLI defaults to cuda; run on the CPU when there is no GPU
+        self.model = load_model(pretrained, device=device)
         cfg = self.model.cfg
         self.n_loops = int(n_loops) if n_loops is not None else cfg.n_loops
         require(self.n_loops >= 1, "n_loops", n_loops, "an integer >= 1")
