@@ -92,6 +92,25 @@ def test_load_model_formats(tmp_path):
         load_model(tmp_path / "llama")
 
 
+def test_load_model_from_dcp_checkpoint(tmp_path):
+    from titanloop.checkpoint import CheckpointConfig, Checkpointer
+
+    m = LoopLM(preset("debug-tiny", vocab_size=64, n_layers=1, tie_embeddings=True)).eval()
+    model_section = {"preset": "debug-tiny", "vocab_size": 64, "n_layers": 1, "tie_embeddings": True}
+    ck = Checkpointer(CheckpointConfig(mode="sync"), tmp_path / "run", {"model": m}, config={"model": model_section})
+    ck.save(7, sync=True)
+    ck.close()
+    ids = torch.randint(0, 64, (2, 5))
+    for path in (tmp_path / "run" / "checkpoints", tmp_path / "run" / "checkpoints" / "step-00000007"):
+        loaded = load_model(path)
+        assert torch.equal(loaded(ids, return_logits="last").logits, m(ids, return_logits="last").logits)
+    bare = Checkpointer(CheckpointConfig(mode="sync"), tmp_path / "bare", {"model": m})
+    bare.save(1, sync=True)
+    bare.close()
+    with pytest.raises(ConfigError, match="has no model config"):
+        load_model(tmp_path / "bare" / "checkpoints")
+
+
 def run_cli(*args, cwd=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     return subprocess.run([sys.executable, "-m", "titanloop.eval", *args], capture_output=True, text=True, env=env,

@@ -3,8 +3,10 @@
 Accepted formats:
   1. an Ouro Hugging Face directory (config.json with model_type "ouro" + model.safetensors or a sharded
      index), as written by `titanloop.interchange.ouro_hf.export_ouro_hf` or published by ByteDance;
-  2. a DCP checkpoint directory (holds `.metadata`) — needs titanloop.checkpoint's model loader; until that
-     exists it is refused with a one-line error that says to export an HF directory first.
+  2. a titanloop.checkpoint DCP checkpoint: a published `step-N` directory (`.metadata` + titanloop.json),
+     or the checkpoint folder holding `latest` (the newest step is used). The model shape comes from the
+     training config stored in titanloop.json (`config.model`: a preset plus overrides); only the model
+     tensors are read (not the optimizer).
 Anything else is refused with a one-line ConfigError naming the path and the accepted formats.
 """
 
@@ -15,10 +17,10 @@ from pathlib import Path
 import torch
 
 from titanloop.config_errors import ConfigError
-from titanloop.model import LoopLM
+from titanloop.model import LoopLM, LoopLMConfig, preset
 
 ACCEPTED = ("an Ouro Hugging Face directory (config.json + *.safetensors, from titanloop.interchange "
-            "export_ouro_hf)", "a DCP checkpoint directory (.metadata)")
+            "export_ouro_hf)", "a titanloop DCP checkpoint (step-N dir or the folder with `latest`)")
 
 
 def checkpoint_format(path) -> str:
@@ -28,21 +30,49 @@ def checkpoint_format(path) -> str:
         raise ConfigError(f"checkpoint path={str(p)!r} does not exist: expected {ACCEPTED[0]} or {ACCEPTED[1]}")
     if p.is_dir() and (p / "config.json").is_file():
         return "ouro_hf"
-    if p.is_dir() and (p / ".metadata").is_file():
+    if p.is_dir() and ((p / ".metadata").is_file() or (p / "latest").is_file()):
         return "dcp"
     raise ConfigError(f"checkpoint path={str(p)!r} is not a LoopLM checkpoint: expected {ACCEPTED[0]} "
                       f"or {ACCEPTED[1]}")
 
 
+def _model_config_from_manifest(manifest: dict, ckpt: Path) -> LoopLMConfig:
+    """The [model] section the trainer stored in titanloop.json: {"preset": name, **overrides} or all fields."""
+    section = (manifest.get("config") or {}).get("model")
+    if not isinstance(section, dict):
+        raise ConfigError(f"checkpoint {str(ckpt)!r} has no model config (titanloop.json config.model): it is not "
+                          "a titanloop training checkpoint; save with Checkpointer(config=train_config.to_dict())")
+    section = dict(section)
+    name = section.pop("preset", None)
+    return preset(name, **section) if name is not None else LoopLMConfig.from_dict(section)
+
+
 def _load_dcp(path: Path, device, dtype) -> LoopLM:
-    try:
-        from titanloop.checkpoint import load_looplm  # type: ignore[attr-defined]
-    except ImportError:
-        raise ConfigError(f"checkpoint path={str(path)!r} is a DCP checkpoint, which titanloop.eval cannot read "
-                          "yet: export it to an Ouro HF directory (python -m titanloop.interchange export) and "
-                          "pass that directory") from None
-    model = load_looplm(path, device=device)
-    return model.to(dtype) if dtype is not None else model
+    """Model weights of a titanloop.checkpoint DCP checkpoint (a step dir, or a folder whose `latest` names one)."""
+    import torch.distributed.checkpoint as dcp
+
+    from titanloop.checkpoint import layout
+    from titanloop.checkpoint.safe_reader import SafeFileSystemReader, read_dcp_metadata
+
+    if not (path / ".metadata").is_file():
+        step = layout.latest_step(path)
+        if step is None:
+            raise ConfigError(f"checkpoint path={str(path)!r} has no published checkpoint: expected a step-N "
+                              "directory or a checkpoint folder with `latest`")
+        path = path / layout.step_dir_name(step)
+    manifest = layout.read_manifest(path)
+    model = LoopLM(_model_config_from_manifest(manifest, path))
+    stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
+    live = model.state_dict()
+    targets = {f"model/{k}": torch.empty_like(v) for k, v in live.items() if f"model/{k}" in stored}
+    missing = sorted(k for k in live if f"model/{k}" not in stored
+                     and not (model.cfg.tie_embeddings and k == "lm_head.weight"))
+    if missing:
+        raise ConfigError(f"checkpoint {str(path)!r} lacks model tensor {missing[0]!r} ({len(missing)} missing): "
+                          "it does not hold a LoopLM of the stored config")
+    dcp.load(targets, storage_reader=SafeFileSystemReader(path))
+    model.load_state_dict({k[len("model/"):]: v for k, v in targets.items()}, strict=not model.cfg.tie_embeddings)
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 
 
 def load_model(path, device="cpu", dtype: torch.dtype | None = None) -> LoopLM:
