@@ -23,8 +23,7 @@ from titanloop.model.attention import causal_mask
 class LoopStep:
     t: int  # 1-based loop index
     state: torch.Tensor  # [B, S, H] raw hidden state H_t after the looped block
-    pre: torch.Tensor  # [B, S, H] H_t after the coda layers (= state without coda): what the readout sees
-    normed: torch.Tensor  # [B, S, H] final-norm of `pre`
+    normed: torch.Tensor  # [B, S, H] final norm of H_t after the coda layers (if any)
     exit_readout: torch.Tensor  # [B, S, H] what the LM head decodes when the model exits at loop t
     gate_logit: torch.Tensor  # [B, S] exit-gate logit z_t, λ_t = sigmoid(z_t)
     loop_input: torch.Tensor  # [B, S, H] x_{t-1}: the input this loop received (JSRR linearizes Φ here)
@@ -63,7 +62,7 @@ def iter_loops(model: LoopLM, input_ids: torch.Tensor, n_loops: int, *, kv_cache
             nxt = normed if not model.coda else model.norm(h)
         else:
             nxt = h
-        yield LoopStep(t=t + 1, state=h, pre=pre, normed=normed,
+        yield LoopStep(t=t + 1, state=h, normed=normed,
                        exit_readout=model.readout(pre, normed, t, t + 1),
                        gate_logit=model.early_exit_gate(normed).squeeze(-1), loop_input=x, next_input=nxt)
         x = nxt
