@@ -42,6 +42,7 @@ class TrainState:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--config", help="recorded in the checkpoint's config (slurm/common.sh always passes one)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--interval", type=int, default=4)
     ap.add_argument("--keep-last", type=int, default=2)
