@@ -19,6 +19,12 @@ from titanloop.config_errors import require
 IGNORE_INDEX = -100
 
 
+def _logsumexp_(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-sum-exp that overwrites `logits` (torch.logsumexp would allocate a second [chunk, V])."""
+    m = logits.amax(dim=-1, keepdim=True)
+    return logits.sub_(m).exp_().sum(dim=-1).log_().add_(m.squeeze(-1))
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, ignore_index):
@@ -30,10 +36,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(n, s + chunk_size)
             logits = (hidden[s:e] @ weight.t()).float()
-            lse_c = torch.logsumexp(logits, dim=-1)
             tgt = logits.gather(1, safe_t[s:e, None]).squeeze(1)
-            lse[s:e] = lse_c
-            loss[s:e] = lse_c - tgt
+            lse[s:e] = _logsumexp_(logits)
+            loss[s:e] = lse[s:e] - tgt
+            del logits  # free this chunk before the next one is allocated (else two are alive at once)
         loss = torch.where(valid, loss, torch.zeros_like(loss))
         ctx.save_for_backward(hidden, weight, safe_t, valid, lse)
         ctx.chunk_size = chunk_size
@@ -48,14 +54,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
         for s in range(0, n, ctx.chunk_size):
             e = min(n, s + ctx.chunk_size)
-            logits = (hidden[s:e] @ weight.t()).float()
-            probs = torch.exp(logits - lse[s:e, None])
-            probs.scatter_add_(1, safe_t[s:e, None], -torch.ones_like(probs[:, :1]))
-            d_logits = probs * g[s:e, None]  # d loss / d logits
+            # d loss / d logits = (softmax - onehot) * g, formed in place in the one [chunk, V] buffer
+            d_logits = (hidden[s:e] @ weight.t()).float()
+            d_logits.sub_(lse[s:e, None]).exp_()
+            d_logits.scatter_add_(1, safe_t[s:e, None], -torch.ones_like(d_logits[:, :1]))
+            d_logits.mul_(g[s:e, None])
             if grad_h is not None:
                 grad_h[s:e] = (d_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += d_logits.t() @ hidden[s:e].float()
+            del d_logits
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None
@@ -81,5 +89,11 @@ def dense_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
 
 def per_loop_cross_entropy(readouts, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096,
                            ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """L^(t) per token for every loop: readouts is a list of [B, S, H]; returns [T, B, S] fp32."""
-    return torch.stack([linear_cross_entropy(r, weight, targets, chunk_size, ignore_index) for r in readouts])
+    """L^(t) per token for every loop: readouts is a list of [B, S, H]; returns [T, B, S] fp32.
+
+    One call over the stacked loops, so the LM-head gradient is formed once rather than once per loop
+    (separate calls would hold a second [V, H] fp32 buffer while autograd sums them). Chunks never exceed one
+    loop's tokens, so the logits buffer is no larger than a final-loop-only CE would use."""
+    stacked = torch.stack(list(readouts))
+    chunk_size = min(chunk_size, max(1, targets.numel()))
+    return linear_cross_entropy(stacked, weight, targets.expand(stacked.shape[:-1]), chunk_size, ignore_index)

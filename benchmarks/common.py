@@ -1,0 +1,89 @@
+"""Measurement helpers shared by the benchmark scripts: peak tensor memory and wall-clock timing.
+
+    with PeakMemory(model) as mem:          # params/buffers of `model` counted, plus everything the block allocates
+        step()
+    mem.peak_bytes, mem.peak_by_kind        # {'Parameter': .., 'Gradient': .., 'Activation': .., 'Temp': .., ...}
+
+    timings = time_repeated({"a": step_a, "b": step_b}, warmup=2, repeats=5)
+    timings["a"]["median"], timings["a"]["min"], timings["a"]["max"]
+
+PeakMemory counts tensor storages, not the process RSS: it uses PyTorch's MemTracker
+(torch.distributed._tools.mem_tracker), a TorchDispatchMode that sees every storage an aten op creates or frees
+and records the maximum of their sum. It works on CPU tensors, so loss-memory comparisons do not need a GPU.
+Memory inside a single kernel (workspaces) and allocator caching/fragmentation are not counted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+MiB = 1024 * 1024
+
+
+class PeakMemory:
+    """Context manager: peak bytes of live tensor storages on `device` while the block runs.
+
+    `track`: modules / optimizers / tensors created before the block whose storage should count (their
+    parameters, gradients and optimizer states); anything else created before the block is not counted.
+    """
+
+    def __init__(self, *track, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self._tracker = MemTracker()
+        if track:
+            self._tracker.track_external(*track)
+        self.peak_bytes = 0
+        self.peak_by_kind: dict[str, int] = {}
+
+    def __enter__(self) -> "PeakMemory":
+        self._tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._tracker.__exit__(*exc)
+        snap = self._tracker.get_tracker_snapshot("peak").get(self.device, {})
+        self.peak_by_kind = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+        self.peak_bytes = self.peak_by_kind.pop("Total", 0)
+
+
+def peak_memory(fn: Callable[[], object], *track, device: str = "cpu") -> PeakMemory:
+    """Run fn() once under PeakMemory and return the tracker (peak_bytes, peak_by_kind)."""
+    with PeakMemory(*track, device=device) as mem:
+        fn()
+    return mem
+
+
+def _stats(times: list[float]) -> dict:
+    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+    return {"median": statistics.median(times), "min": min(times), "max": max(times),
+            "iqr": q[2] - q[0], "repeats": len(times), "times": times}
+
+
+def time_repeated(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 5) -> dict[str, dict]:
+    """Wall-clock seconds per call of each fn: `warmup` untimed calls, then `repeats` timed rounds.
+
+    The candidates alternate inside each round (a, b, a, b, ...) so that load from other processes on a shared
+    machine hits all of them alike. Returns {name: {median, min, max, iqr, repeats, times}}.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats}, warmup={warmup} are invalid: expected repeats >= 1, warmup >= 0")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: _stats(ts) for name, ts in times.items()}
+
+
+def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 5) -> dict:
+    """time_repeated for a single function."""
+    return time_repeated({"fn": fn}, warmup, repeats)["fn"]

@@ -1,0 +1,155 @@
+"""Loss memory: does the per-loop objective cost memory beyond a final-loop-only loss?
+
+One training step (forward + backward) of the same LoopLM at T loops with a large vocabulary, four ways:
+
+    final_only        CE of the last loop only, chunked LM head (titanloop.objectives.linear_cross_entropy)
+    final_only_dense  CE of the last loop only, full [tokens, V] logits (the usual F.cross_entropy)
+    per_loop          Stage I over every loop (ouro eq. 4) with the chunked per-loop CE  <- titanloop's path
+    per_loop_naive    Stage I over every loop with full logits materialized for every loop
+
+Peak memory is the peak of live tensor storages (benchmarks.common.PeakMemory: parameters, gradients,
+activations, temporaries) during the step. Target: per_loop / final_only <= 1.15 (the issue's note).
+
+    python benchmarks/loss_memory.py [--vocab 32768] [--hidden 256] [--layers 2] [--loops 4] [--batch 2]
+                                     [--seq-len 256] [--chunk-size 4096] [--out loss_memory.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import MiB, PeakMemory, time_repeated  # noqa: E402
+from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
+from titanloop.objectives import (dense_cross_entropy, final_loop_loss, linear_cross_entropy,  # noqa: E402
+                                  per_loop_cross_entropy, stage1_loss)
+
+VARIANTS = ("final_only", "final_only_dense", "per_loop", "per_loop_naive")
+TARGET = 1.15
+
+
+def loss_fn(variant: str, model: LoopLM, inputs, targets, mask, n_loops: int, chunk_size: int, beta: float):
+    """The scalar training loss of one variant (forward included)."""
+    out = model(inputs, n_loops=n_loops)
+    head = model.lm_head.weight
+    if variant == "final_only":
+        return final_loop_loss(linear_cross_entropy(out.readouts[-1], head, targets, chunk_size), mask)
+    if variant == "final_only_dense":
+        return final_loop_loss(dense_cross_entropy(out.readouts[-1], head, targets), mask)
+    if variant == "per_loop":
+        ce = per_loop_cross_entropy(out.readouts, head, targets, chunk_size)
+    else:
+        ce = torch.stack([dense_cross_entropy(r, head, targets) for r in out.readouts])
+    return stage1_loss(ce, out.gate_logits, mask, beta)[0]
+
+
+def run(vocab=32768, hidden=256, heads=4, layers=2, loops=4, batch=2, seq_len=256, chunk_size=4096, beta=0.1,
+        repeats=0, seed=0) -> dict:
+    torch.manual_seed(seed)
+    cfg = LoopLMConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads, ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
+                       n_layers=layers, n_loops=loops, max_seq_len=seq_len)
+    model = LoopLM(cfg)
+    ids = torch.randint(0, vocab, (batch, seq_len + 1))
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    mask = torch.ones_like(targets, dtype=torch.bool)
+
+    def step(variant):
+        def fn():
+            model.zero_grad(set_to_none=True)
+            loss_fn(variant, model, inputs, targets, mask, loops, chunk_size, beta).backward()
+        return fn
+
+    rows, losses = [], {}
+    for variant in VARIANTS:
+        model.zero_grad(set_to_none=True)
+        print(f"  measuring {variant} ...", file=sys.stderr, flush=True)
+        with PeakMemory(model) as mem:
+            loss = loss_fn(variant, model, inputs, targets, mask, loops, chunk_size, beta)
+            loss.backward()
+        losses[variant] = loss.item()
+        kinds = mem.peak_by_kind
+        rows.append({"variant": variant, "peak_bytes": mem.peak_bytes,
+                     "peak_step_bytes": mem.peak_bytes - kinds.get("Parameter", 0),
+                     "peak_by_kind": kinds, "loss": loss.item()})
+    if repeats:
+        timings = time_repeated({v: step(v) for v in VARIANTS}, warmup=1, repeats=repeats)
+        for row in rows:
+            t = timings[row["variant"]]
+            row.update(step_s_median=t["median"], step_s_min=t["min"], step_s_max=t["max"])
+
+    by = {r["variant"]: r for r in rows}
+
+    def ratio(a, b, key="peak_bytes"):
+        return by[a][key] / by[b][key]
+
+    ratios = {
+        "per_loop/final_only": ratio("per_loop", "final_only"),
+        "per_loop/final_only_dense": ratio("per_loop", "final_only_dense"),
+        "per_loop_naive/final_only": ratio("per_loop_naive", "final_only"),
+        "per_loop_naive/per_loop": ratio("per_loop_naive", "per_loop"),
+        "step_only per_loop/final_only": ratio("per_loop", "final_only", "peak_step_bytes"),
+    }
+    return {"benchmark": "loss_memory", "torch": torch.__version__, "device": "cpu",
+            "config": {"vocab": vocab, "hidden": hidden, "heads": heads, "layers": layers, "loops": loops,
+                       "batch": batch, "seq_len": seq_len, "tokens": batch * seq_len, "chunk_size": chunk_size,
+                       "beta": beta, "params": model.num_params()},
+            "rows": rows, "ratios": ratios, "target": TARGET,
+            "meets_target": ratios["per_loop/final_only"] <= TARGET,
+            # the two Stage I variants compute the same loss; a mismatch means the benchmark measures a bug
+            "per_loop_matches_naive": abs(losses["per_loop"] - losses["per_loop_naive"]) < 1e-4 * abs(
+                losses["per_loop_naive"]) + 1e-5}
+
+
+def print_table(res: dict) -> None:
+    c = res["config"]
+    print(f"Loss memory, one fwd+bwd step: LoopLM {c['layers']} layers x T={c['loops']}, hidden {c['hidden']}, "
+          f"vocab {c['vocab']}, {c['batch']}x{c['seq_len']} tokens, CE chunk {c['chunk_size']} tokens, "
+          f"{c['params'] / 1e6:.1f}M params")
+    timed = "step_s_median" in res["rows"][0]
+    print(f"{'variant':<18} {'peak MiB':>9} {'w/o params':>11}" + (f" {'step s':>8}" if timed else ""))
+    for r in res["rows"]:
+        line = f"{r['variant']:<18} {r['peak_bytes'] / MiB:>9.1f} {r['peak_step_bytes'] / MiB:>11.1f}"
+        print(line + (f" {r['step_s_median']:>8.3f}" if timed else ""))
+    for name, value in res["ratios"].items():
+        print(f"  {name:<32} {value:6.3f}x")
+    verdict = "meets" if res["meets_target"] else "MISSES"
+    print(f"per_loop/final_only = {res['ratios']['per_loop/final_only']:.3f}x: {verdict} the target <= {res['target']}x;"
+          f" Stage I chunked == naive: {res['per_loop_matches_naive']}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--vocab", type=int, default=32768, help="vocabulary size (the issue asks for >= 32K)")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--loops", type=int, default=4, help="T")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--chunk-size", type=int, default=4096, help="tokens per chunk of the chunked CE")
+    p.add_argument("--repeats", type=int, default=0, help="also time each step this many times (0 = memory only)")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    a = p.parse_args(argv)
+    for name in ("vocab", "hidden", "heads", "layers", "loops", "batch", "seq_len", "chunk_size"):
+        if getattr(a, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(a, name)} is invalid: expected >= 1")
+    if a.hidden % a.heads:
+        raise SystemExit(f"error: --heads={a.heads} is invalid: expected a divisor of --hidden={a.hidden}")
+    res = run(a.vocab, a.hidden, a.heads, a.layers, a.loops, a.batch, a.seq_len, a.chunk_size, repeats=a.repeats)
+    print_table(res)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

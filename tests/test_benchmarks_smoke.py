@@ -1,0 +1,53 @@
+"""Smoke tests of the benchmark scripts at tiny sizes (the real runs are in the scripts' docstrings)."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import PeakMemory, time_repeated  # noqa: E402
+from benchmarks import loss_memory  # noqa: E402
+
+
+def test_peak_memory_tracks_cpu_tensors():
+    def work():
+        a = torch.empty(1024, 1024)  # 4 MiB
+        b = torch.empty(2048, 1024)  # 8 MiB, both alive: peak 12 MiB
+        del a
+        c = torch.empty(1024, 1024)  # 4 MiB after a is freed: still 12 MiB
+        return b, c
+
+    with PeakMemory() as mem:
+        work()
+    assert mem.peak_bytes == 12 * 1024 * 1024
+    lin = torch.nn.Linear(256, 256, bias=False)  # 256 KiB of parameters, created outside the block
+    with PeakMemory(lin) as mem:
+        pass
+    assert mem.peak_bytes == 256 * 256 * 4 and mem.peak_by_kind["Parameter"] == 256 * 256 * 4
+
+
+def test_time_repeated_alternates_and_summarizes():
+    calls = []
+    res = time_repeated({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, warmup=1, repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    for r in res.values():
+        assert r["repeats"] == 3 and r["min"] <= r["median"] <= r["max"] and len(r["times"]) == 3
+
+
+def test_loss_memory_smoke(tmp_path, capsys):
+    out = tmp_path / "loss_memory.json"
+    loss_memory.main(["--vocab", "8192", "--hidden", "32", "--layers", "1", "--seq-len", "64", "--batch", "2",
+                      "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert {r["variant"] for r in res["rows"]} == set(loss_memory.VARIANTS)
+    assert res["config"]["vocab"] == 8192 and res["config"]["loops"] == 4
+    assert res["per_loop_matches_naive"]
+    by = {r["variant"]: r["peak_bytes"] for r in res["rows"]}
+    assert all(v > 0 for v in by.values())
+    # the logits dominate at this size: per-loop must stay near final-only, the naive version must not
+    assert res["ratios"]["per_loop/final_only"] <= 1.15
+    assert res["ratios"]["per_loop_naive/per_loop"] > 1.5
+    assert "per_loop/final_only" in capsys.readouterr().out
