@@ -1,0 +1,47 @@
+"""parallelize_looplm: the torchtitan `parallelize_fn` of the LoopLM ModelSpec.
+
+Order (as in torchtitan's llama3 parallelize): tensor parallel -> activation checkpointing -> compile ->
+FSDP2. Meshes come from torchtitan's ParallelDims: "fsdp" (data parallel, always present) and "tp".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from titanloop.model import LoopLM
+from titanloop.parallel.activation_checkpoint import apply_activation_checkpointing
+from titanloop.parallel.compile import apply_compile
+from titanloop.parallel.fsdp import apply_fsdp
+from titanloop.parallel.tensor_parallel import apply_tensor_parallel
+
+
+def parallelize_looplm(model: LoopLM, *, parallel_dims, tp_mesh: DeviceMesh | None = None,
+                       sequence_parallel: bool = True, activation_checkpoint: str = "none",
+                       compile: bool = False, compile_backend="inductor", param_dtype=torch.float32,
+                       reduce_dtype=torch.float32, reshard_looped: str = "never", **_torchtitan_kwargs) -> LoopLM:
+    """Apply TP (when parallel_dims.tp > 1), AC, compile and FSDP2 to `model` in place and return it.
+
+    Extra keyword arguments that torchtitan's Trainer passes to every parallelize_fn (training=...,
+    parallelism=..., compile_config=..., ac_config=..., dump_folder=...) are accepted and ignored: the
+    titanloop trainer passes the titanloop settings explicitly.
+    """
+    if parallel_dims.tp_enabled:
+        apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
+    apply_activation_checkpointing(model, activation_checkpoint)
+    if compile:
+        apply_compile(model, compile_backend)
+    apply_fsdp(model, parallel_dims.get_mesh("fsdp"), param_dtype, reduce_dtype, reshard_looped)
+    return model
+
+
+def gather_sequence(x: torch.Tensor, tp_mesh: DeviceMesh | None, seq_dim: int = 1) -> torch.Tensor:
+    """The full sequence from each tp rank's local slice (differentiable; identity without tp).
+
+    Backward hands each rank the gradient of its own slice, which is right because every tp rank
+    evaluates the same loss on the gathered tensor.
+    """
+    if tp_mesh is None:
+        return x
+    return DTensor.from_local(x, tp_mesh, [Shard(seq_dim)], run_check=False).full_tensor()

@@ -1,0 +1,65 @@
+"""`torchrun -m titanloop.train --config train_configs/<name>.toml [--section.key value ...]`
+
+The config and the mesh are validated before any process group exists: bad input is a one-line
+`error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from titanloop.config_errors import ConfigError
+from titanloop.train.config import SECTIONS, load_config
+
+USAGE = f"""\
+torchrun --nproc_per_node=N -m titanloop.train --config train_configs/<name>.toml [--section.key value ...]
+
+Train a looped LM (LoopLM) with torchtitan: FSDP2 over data-parallel ranks, optional tensor parallelism,
+per-loop objectives and metrics. Every config field can be overridden on the command line, e.g.
+  --training.steps 10 --parallelism.tp 2 --objective.beta 0.05 --metrics.wandb offline
+Sections: {", ".join(SECTIONS)}. See docs/training.md for every field.
+"""
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m titanloop.train", usage=USAGE, add_help=True)
+    parser.add_argument("--config", help="TOML training config (train_configs/*.toml)")
+    args, overrides = parser.parse_known_args(argv)
+    return args.config, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if config_path is None:
+            raise ConfigError("no config given: pass --config train_configs/<name>.toml (see --help)")
+        cfg = load_config(config_path, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    import torch.distributed as dist
+
+    from titanloop.train.trainer import LoopTrainer
+
+    trainer = LoopTrainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        stopped_on_nan = trainer.nan_streak >= cfg.training.max_nan_steps
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if stopped_on_nan:
+        if trainer.rank == 0:
+            print(f"error: stopped at step {trainer.step} after {trainer.nan_streak} non-finite losses in a row "
+                  f"(training.max_nan_steps={cfg.training.max_nan_steps})", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

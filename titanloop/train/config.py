@@ -1,0 +1,358 @@
+"""The training config: one TOML file with ten sections, every field overridable on the command line.
+
+    [model]          preset + any LoopLMConfig field              (titanloop.model.config)
+    [objective]      ObjectiveConfig: stage1 | stage2_gate | dense | final_only, β, scale penalty, JSRR
+    [loop_sampler]   LoopSamplerConfig: loops per step, fixed or sampled (same on every rank)
+    [optimizer]      AdamW hyper-parameters
+    [lr_scheduler]   torchtitan's warmup-stable-decay schedule (LRSchedulersContainer.Config fields)
+    [training]       steps, batch sizes, sequence length, clipping, dtype, NaN policy, run directory
+    [parallelism]    data-parallel (FSDP2) and tensor-parallel degrees, FSDP resharding, AC, compile
+    [data]           titanloop.data.DataConfig fields (kind = synthetic_text | synthetic_task | mds | webdataset)
+    [checkpoint]     periodic DCP checkpoints in <run_dir>/checkpoint
+    [metrics]        stdout and W&B logging
+
+`load_config(path, ["--training.steps", "10", ...])` reads the file, applies the overrides and validates
+everything (including the mesh against WORLD_SIZE) before any process group exists; every problem is a
+one-line ConfigError naming the field. Override values are parsed as TOML literals (`10`, `1e-3`, `true`,
+`[0.9, 0.95]`, `"text"`) and fall back to a plain string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.model.config import PRESETS, LoopLMConfig, preset
+from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
+
+DTYPES = ("auto", "float32", "bfloat16")
+WANDB_MODES = ("off", "online", "offline")
+AC_MODES = ("none", "layer", "loop")
+RESHARD_LOOPED = ("never", "always")
+
+
+@dataclass
+class ModelSection:
+    """`preset` names a size in titanloop.model.config.PRESETS; other keys override LoopLMConfig fields."""
+
+    preset: str = "debug-tiny"
+    overrides: dict = field(default_factory=dict)
+
+    def build(self) -> LoopLMConfig:
+        require_choice(self.preset, "model.preset", sorted(PRESETS))
+        return preset(self.preset, **self.overrides)
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "AdamW"
+    lr: float = 3e-4
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+
+    def validate(self):
+        require_choice(self.name, "optimizer.name", ("AdamW", "Adam"))
+        require(self.lr > 0, "optimizer.lr", self.lr, "a learning rate > 0")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas", self.betas,
+                "two values in [0, 1), e.g. [0.9, 0.95]")
+        require(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "a value >= 0")
+
+
+@dataclass
+class LRSchedulerSection:
+    """Fields of torchtitan's LRSchedulersContainer.Config (linear warmup, stable, then decay)."""
+
+    warmup_steps: int = 200
+    decay_ratio: float | None = None  # None: decay right after warmup; 0.0: constant after warmup
+    decay_type: str = "linear"  # linear | sqrt | cosine
+    min_lr_factor: float = 0.0
+
+    def validate(self):
+        require(self.warmup_steps >= 0, "lr_scheduler.warmup_steps", self.warmup_steps, "an integer >= 0")
+        require(self.decay_ratio is None or 0 <= self.decay_ratio <= 1, "lr_scheduler.decay_ratio",
+                self.decay_ratio, "a value in [0, 1] or absent")
+        require_choice(self.decay_type, "lr_scheduler.decay_type", ("linear", "sqrt", "cosine"))
+        require(0 <= self.min_lr_factor <= 1, "lr_scheduler.min_lr_factor", self.min_lr_factor, "a value in [0, 1]")
+
+
+@dataclass
+class TrainingSection:
+    run_dir: str = "runs/debug"  # checkpoints, W&B files and the run id live here
+    steps: int = 100
+    seq_len: int = 128
+    micro_batch_size: int = 4  # sequences per rank per forward
+    global_batch_size: int = 8  # sequences per optimizer step, over all data-parallel ranks
+    max_norm: float = 1.0  # gradient clipping (0 = off)
+    seed: int = 0
+    dtype: str = "auto"  # auto: bf16 parameters + fp32 reduce on GPU, fp32 on CPU
+    max_nan_steps: int = 3  # stop after this many non-finite losses in a row (each one is skipped)
+    inject_nan_steps: list = field(default_factory=list)  # testing aid: the last rank's loss is NaN at these steps
+
+    def validate(self):
+        require(self.steps >= 1, "training.steps", self.steps, "an integer >= 1")
+        require(self.seq_len >= 2, "training.seq_len", self.seq_len, "an integer >= 2")
+        require(self.micro_batch_size >= 1, "training.micro_batch_size", self.micro_batch_size, "an integer >= 1")
+        require(self.global_batch_size >= 1, "training.global_batch_size", self.global_batch_size,
+                "an integer >= 1")
+        require(self.max_norm >= 0, "training.max_norm", self.max_norm, "a value >= 0 (0 disables clipping)")
+        require_choice(self.dtype, "training.dtype", DTYPES)
+        require(self.max_nan_steps >= 1, "training.max_nan_steps", self.max_nan_steps, "an integer >= 1")
+
+
+@dataclass
+class ParallelismSection:
+    dp_shard: int = -1  # FSDP2 degree; -1 = world_size / tp
+    tp: int = 1  # tensor-parallel degree (second mesh dimension)
+    sequence_parallel: bool = True  # shard norms/residual stream over the sequence under TP
+    reshard_looped: str = "never"  # FSDP for the looped stack: never = all-gather once per step (see docs)
+    activation_checkpoint: str = "none"  # none | layer | loop
+    compile: bool = False  # torch.compile each decoder layer (compiled once, reused for every loop)
+    compile_backend: str = "inductor"
+
+    def validate(self):
+        require(self.dp_shard == -1 or self.dp_shard >= 1, "parallelism.dp_shard", self.dp_shard,
+                "-1 (all remaining ranks) or an integer >= 1")
+        require(self.tp >= 1, "parallelism.tp", self.tp, "an integer >= 1")
+        require_choice(self.reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
+        require_choice(self.activation_checkpoint, "parallelism.activation_checkpoint", AC_MODES)
+
+
+@dataclass
+class CheckpointSection:
+    enable: bool = False
+    interval: int = 100  # steps between saves (the last step is always saved)
+    keep_latest_k: int = 3
+
+    def validate(self):
+        require(self.interval >= 1, "checkpoint.interval", self.interval, "an integer >= 1")
+        require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", self.keep_latest_k, "an integer >= 0")
+
+
+@dataclass
+class MetricsSection:
+    log_freq: int = 1  # steps between metric lines
+    wandb: str = "off"  # off | online | offline (WANDB_MODE=offline in the environment also forces offline)
+    wandb_project: str = "titanloop"
+    wandb_entity: str | None = None
+    run_name: str | None = None
+
+    def validate(self):
+        require(self.log_freq >= 1, "metrics.log_freq", self.log_freq, "an integer >= 1")
+        require_choice(self.wandb, "metrics.wandb", WANDB_MODES)
+
+
+@dataclass
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    loop_sampler: LoopSamplerConfig = field(default_factory=LoopSamplerConfig)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    parallelism: ParallelismSection = field(default_factory=ParallelismSection)
+    data: dict = field(default_factory=dict)  # titanloop.data.DataConfig fields
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    source: str | None = None  # the TOML file this came from
+
+    @property
+    def looplm(self) -> LoopLMConfig:
+        return self.model.build()
+
+    def to_dict(self) -> dict:
+        """Plain, JSON-serializable view (what W&B receives as its config; contains no secrets)."""
+        d = dataclasses.asdict(self)
+        d["model"] = {"preset": self.model.preset, **self.model.overrides}
+        return d
+
+
+SECTIONS = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "source"]
+
+
+def _coerce(value, typ, name: str):
+    """Check/convert a TOML or command-line value to the dataclass field type."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        typ = next(a for a in args if a is not type(None))
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={value!r} is invalid: expected true or false")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={value!r} is invalid: expected an integer")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{name}={value!r} is invalid: expected a number")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name}={value!r} is invalid: expected a string")
+    if typ in (list, dict) or typing.get_origin(typ) in (list, dict):
+        want = typing.get_origin(typ) or typ
+        if isinstance(value, want):
+            return value
+        raise ConfigError(f"{name}={value!r} is invalid: expected a {want.__name__}")
+    return value
+
+
+def _field_types(cls) -> dict:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _build_section(name: str, cls, values: dict):
+    types = _field_types(cls)
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise ConfigError(f"[{name}] has unknown key(s) {unknown}: allowed keys are {sorted(types)}")
+    kwargs = {k: _coerce(v, types[k], f"{name}.{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _build_model(values: dict) -> ModelSection:
+    values = dict(values)
+    name = values.pop("preset", ModelSection.preset)
+    if not isinstance(name, str):
+        raise ConfigError(f"model.preset={name!r} is invalid: expected one of {sorted(PRESETS)}")
+    types = _field_types(LoopLMConfig)
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise ConfigError(f"[model] has unknown key(s) {unknown}: allowed keys are ['preset', "
+                          f"{', '.join(repr(k) for k in sorted(types))}]")
+    overrides = {k: _coerce(v, types[k], f"model.{k}") for k, v in values.items()}
+    section = ModelSection(preset=name, overrides=overrides)
+    section.build()  # validates the model shape now
+    return section
+
+
+def _build_data(values: dict) -> dict:
+    from titanloop.data import DataConfig
+
+    DataConfig.from_dict(values)  # validates kind, sources, ... (one-line ConfigError)
+    return dict(values)
+
+
+def _parse_literal(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict]:
+    """["--training.steps", "10", "--data.kind=mds"] -> {"training": {"steps": 10}, "data": {"kind": "mds"}}."""
+    out: dict[str, dict] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(f"argument {arg!r} is invalid: expected --<section>.<key> <value> "
+                              f"with a section in {SECTIONS}")
+        if "=" in arg:
+            key, text = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"argument {arg!r} has no value: expected {arg} <value>")
+            key, text = arg[2:], args[i + 1]
+            i += 2
+        section, name = key.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(f"argument --{key} names unknown section {section!r}: expected one of {SECTIONS}")
+        out.setdefault(section, {})[name] = _parse_literal(text)
+    return out
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
+                world_size: int | None = None) -> TrainConfig:
+    """Read a TOML file (None = all defaults), apply `--section.key value` overrides and validate.
+
+    world_size (default: $WORLD_SIZE, else 1) is checked against the parallelism section here, so a bad
+    mesh fails before torch.distributed is initialized.
+    """
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist: pass --config train_configs/<name>.toml")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"config has unknown section(s) {unknown}: allowed sections are {SECTIONS}")
+    for section, values in parse_overrides(overrides or []).items():
+        raw.setdefault(section, {}).update(values)
+    for section, values in raw.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"config entry {section!r} must be a [section] table")
+
+    cfg = TrainConfig(
+        model=_build_model(raw.get("model", {})),
+        objective=_build_section("objective", ObjectiveConfig, raw.get("objective", {})),
+        loop_sampler=_build_section("loop_sampler", LoopSamplerConfig, raw.get("loop_sampler", {})),
+        optimizer=_build_section("optimizer", OptimizerSection, raw.get("optimizer", {})),
+        lr_scheduler=_build_section("lr_scheduler", LRSchedulerSection, raw.get("lr_scheduler", {})),
+        training=_build_section("training", TrainingSection, raw.get("training", {})),
+        parallelism=_build_section("parallelism", ParallelismSection, raw.get("parallelism", {})),
+        data=_build_data(raw.get("data", {})),
+        checkpoint=_build_section("checkpoint", CheckpointSection, raw.get("checkpoint", {})),
+        metrics=_build_section("metrics", MetricsSection, raw.get("metrics", {})),
+        source=str(path) if path is not None else None,
+    )
+    for section in (cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.checkpoint, cfg.metrics):
+        section.validate()
+    validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
+    return cfg
+
+
+def mesh_degrees(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(dp, tp) for this world size; raises ConfigError when they do not tile the world."""
+    tp = cfg.parallelism.tp
+    require(world_size % tp == 0, "parallelism.tp", tp, f"a divisor of the world size {world_size}")
+    dp = world_size // tp if cfg.parallelism.dp_shard == -1 else cfg.parallelism.dp_shard
+    require(dp * tp == world_size, "parallelism.dp_shard", cfg.parallelism.dp_shard,
+            f"dp_shard * tp == world size ({dp} * {tp} != {world_size}); use -1 to fill the remaining ranks")
+    return dp, tp
+
+
+def validate_layout(cfg: TrainConfig, world_size: int) -> None:
+    """Cross-section checks that need the world size: mesh, TP vs heads, batch divisibility, loops."""
+    dp, tp = mesh_degrees(cfg, world_size)
+    m = cfg.looplm
+    require(m.n_heads % tp == 0 and m.kv_heads % tp == 0, "parallelism.tp", tp,
+            f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}")
+    require(m.ffn_hidden_size % tp == 0, "parallelism.tp", tp, f"a divisor of model.ffn_hidden_size={m.ffn_hidden_size}")
+    require(m.vocab_size % tp == 0, "parallelism.tp", tp, f"a divisor of model.vocab_size={m.vocab_size}")
+    require(not (tp > 1 and m.tie_embeddings), "model.tie_embeddings", True,
+            "false under tensor parallelism (the embedding is vocab-sharded, the LM head replicated)")
+    require(not (tp > 1 and cfg.objective.jsrr_weight > 0), "objective.jsrr_weight", cfg.objective.jsrr_weight,
+            "0 under tensor parallelism (the JSRR Jacobian-vector product runs on unsharded layers only)")
+    t = cfg.training
+    if tp > 1 and cfg.parallelism.sequence_parallel:
+        require(t.seq_len % tp == 0, "training.seq_len", t.seq_len, f"a multiple of parallelism.tp={tp} "
+                "(sequence parallelism splits the sequence)")
+    require(t.global_batch_size % (t.micro_batch_size * dp) == 0, "training.global_batch_size", t.global_batch_size,
+            f"a multiple of micro_batch_size * dp = {t.micro_batch_size} * {dp}")
+    require(t.seq_len <= m.max_seq_len, "training.seq_len", t.seq_len, f"<= model.max_seq_len={m.max_seq_len}")
+    max_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
+    if m.per_loop_norm:
+        require(max_loops <= m.max_loops, "loop_sampler.max_loops", max_loops,
+                f"<= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
+    if cfg.objective.name == "stage2_gate":
+        min_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.min_loops
+        require(min_loops >= 2, "loop_sampler", min_loops, ">= 2 loops per step for objective.name='stage2_gate'")

@@ -1,0 +1,96 @@
+"""Step metrics to stdout, to <run_dir>/metrics.jsonl and to Weights & Biases (online, offline, or off),
+from rank 0. The JSONL file holds the same numbers at full precision, one object per logged step.
+
+W&B: `metrics.wandb = "online" | "offline" | "off"`; WANDB_MODE=offline in the environment turns an
+online run into an offline one. The run id is created once and stored in `<run_dir>/wandb_run_id`, so a
+resumed job (same run_dir) continues the same W&B run. The API key is read by wandb itself from its usual
+places (WANDB_API_KEY, ~/.netrc); titanloop never reads, logs or stores it, and the W&B config is the
+training config (TrainConfig.to_dict), which has no secret fields.
+
+MFU = achieved model FLOP/s / (peak FLOP/s x ranks), with FLOPs per token from
+LoopLMConfig.flops_per_token (which counts every loop). The peak is the H100 bf16 dense peak (989 TFLOP/s)
+on GPU; on CPU there is no meaningful peak, so MFU is reported as n/a and the achieved TFLOP/s is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+H100_BF16_PEAK_FLOPS = 989e12
+RUN_ID_FILE = "wandb_run_id"
+
+
+def stable_run_id(run_dir: str | os.PathLike) -> str:
+    """The run's W&B id: read from <run_dir>/wandb_run_id, created there on first use."""
+    path = Path(run_dir) / RUN_ID_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
+
+
+def wandb_mode(configured: str) -> str:
+    if configured == "off":
+        return "off"
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun"):
+        return "offline"
+    if os.environ.get("WANDB_MODE", "").lower() == "disabled":
+        return "off"
+    return configured
+
+
+def format_vector(values, fmt: str = "{:.3f}") -> str:
+    return " ".join(fmt.format(v) for v in values)
+
+
+class MetricsLogger:
+    """`log(step, scalars, per_loop)` prints one line and sends the same numbers to W&B (rank 0 only)."""
+
+    def __init__(self, cfg, run_dir: str, rank: int, config_dict: dict):
+        self.rank = rank
+        self.run = None
+        self.jsonl = Path(run_dir) / "metrics.jsonl"
+        mode = wandb_mode(cfg.wandb)
+        if rank != 0 or mode == "off":
+            return
+        import wandb
+
+        run_id = stable_run_id(run_dir)
+        self.run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.run_name or run_id,
+                              id=run_id, resume="allow", dir=str(run_dir), mode=mode, config=config_dict,
+                              settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False))
+        print(f"[titanloop] W&B {mode} run id {run_id} in {run_dir}", flush=True)
+
+    def log(self, step: int, scalars: dict, per_loop: dict) -> None:
+        if self.rank != 0:
+            return
+        mfu = scalars.get("mfu")
+        line = (f"step {step:5d} | loss {scalars['loss']:.4f} | T {int(scalars['n_loops'])} | "
+                f"ce/loop {format_vector(per_loop['ce'])} | p(t) {format_vector(per_loop['exit_prob'], '{:.2f}')} | "
+                f"H(p) {scalars['gate_entropy']:.3f} | rms/loop {format_vector(per_loop['hidden_rms'], '{:.2f}')} | "
+                f"gnorm {scalars['grad_norm']:.3f} | lr {scalars['lr']:.2e} | tok/s {scalars['tokens_per_s']:.0f} | "
+                f"TFLOP/s {scalars['tflops']:.3f} | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}")
+        if scalars.get("skipped_steps"):
+            line += f" | skipped {int(scalars['skipped_steps'])}"
+        print(line, flush=True)
+        self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps({"step": step, **scalars, **per_loop}) + "\n")
+        if self.run is not None:
+            data = {k: v for k, v in scalars.items() if v is not None}
+            for name, values in per_loop.items():
+                for t, v in enumerate(values, start=1):
+                    data[f"{name}/loop_{t}"] = v
+            self.run.log(data, step=step)
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
