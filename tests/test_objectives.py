@@ -53,20 +53,19 @@ def test_exit_cdf_and_q_exit_pick_the_documented_step():
 
 
 # ----- Stage I against a float64 reference with fully materialized per-loop logits ------------------------
-def stage1_reference(model, input_ids, targets, beta, prior=None):
+def stage1_reference(readouts, gate_logits, head, targets, beta, prior=None):
     """Independent float64 Stage I: full [T, B, S, V] logits, explicit survival products, explicit entropy."""
-    out = model(input_ids)
-    w = model.lm_head.weight.detach().double()
-    T = out.n_loops
-    lam = torch.sigmoid(out.gate_logits.detach().double())  # [T, B, S]
+    w = head.double()
+    T = len(readouts)
+    lam = torch.sigmoid(gate_logits.double())  # [T, B, S]
     p, survive = [], torch.ones_like(lam[0])
     for t in range(T):
         p.append(survive if t == T - 1 else lam[t] * survive)
         survive = survive * (1 - lam[t])
     p = torch.stack(p)
     ce = []
-    for r in out.readouts:
-        logits = r.detach().double() @ w.t()  # [B, S, V]
+    for r in readouts:
+        logits = r.double() @ w.t()  # [B, S, V]
         logprobs = logits - logits.logsumexp(-1, keepdim=True)
         ce.append(-logprobs.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1))
     ce = torch.stack(ce)
@@ -79,6 +78,12 @@ def stage1_reference(model, input_ids, targets, beta, prior=None):
     return (per_token * valid).sum() / valid.sum()
 
 
+def _leaves(model, ids):
+    out = model(ids)
+    readouts = [r.detach().requires_grad_(True) for r in out.readouts]
+    return readouts, out.gate_logits.detach().requires_grad_(True)
+
+
 def test_stage1_equals_float64_reference_on_tiny_model():
     torch.manual_seed(1)
     model = tiny_model(n_loops=4)
@@ -87,11 +92,19 @@ def test_stage1_equals_float64_reference_on_tiny_model():
     ids = torch.randint(0, 96, (2, 12))
     targets = torch.randint(0, 96, (2, 12))
     targets[0, :3] = IGNORE_INDEX
-    out = model(ids)
-    ce = per_loop_cross_entropy(out.readouts, model.lm_head.weight, targets, chunk_size=5)
-    loss, stats = stage1_loss(ce, out.gate_logits, targets != IGNORE_INDEX, beta=0.1)
-    ref = stage1_reference(model, ids, targets, beta=0.1)
+    readouts, z = _leaves(model, ids)
+    head = model.lm_head.weight.detach()
+    ce = per_loop_cross_entropy(readouts, head, targets, chunk_size=5)
+    loss, stats = stage1_loss(ce, z, targets != IGNORE_INDEX, beta=0.1)
+    loss.backward()
+    r64 = [r.detach().double().requires_grad_(True) for r in readouts]
+    z64 = z.detach().double().requires_grad_(True)
+    ref = stage1_reference(r64, z64, head, targets, beta=0.1)
+    ref.backward()
     assert abs(loss.item() - ref.item()) < 1e-5 * max(1.0, abs(ref.item()))
+    torch.testing.assert_close(z.grad.double(), z64.grad, rtol=1e-4, atol=1e-7)  # gradient into the gate
+    for r, r_ref in zip(readouts, r64):  # and into every loop's readout
+        torch.testing.assert_close(r.grad.double(), r_ref.grad, rtol=1e-4, atol=1e-7)
     assert 0 < stats["gate_entropy"] <= math.log(4) + 1e-6
 
 
@@ -104,11 +117,11 @@ def test_stage1_geometric_prior_matches_kl_reference():
     torch.manual_seed(2)
     model = tiny_model(n_loops=4)
     ids, targets = torch.randint(0, 96, (2, 10)), torch.randint(0, 96, (2, 10))
-    out = model(ids)
-    ce = per_loop_cross_entropy(out.readouts, model.lm_head.weight, targets, chunk_size=7)
-    loss, _ = stage1_loss(ce, out.gate_logits, torch.ones_like(targets, dtype=torch.bool), beta=0.05,
-                          prior="geometric", eta=eta)
-    ref = stage1_reference(model, ids, targets, beta=0.05, prior=prior)
+    readouts, z = _leaves(model, ids)
+    head = model.lm_head.weight.detach()
+    ce = per_loop_cross_entropy(readouts, head, targets, chunk_size=7)
+    loss, _ = stage1_loss(ce, z, torch.ones_like(targets, dtype=torch.bool), beta=0.05, prior="geometric", eta=eta)
+    ref = stage1_reference(readouts, z, head, targets, beta=0.05, prior=prior)
     assert abs(loss.item() - ref.item()) < 1e-5 * max(1.0, abs(ref.item()))
 
 
