@@ -118,7 +118,7 @@ def run_cli(*args, cwd=None):
 
 
 @pytest.mark.slow
-def test_cli_sweep_and_generate_end_to_end(tmp_path):
+def test_cli_sweep_end_to_end(tmp_path):
     export_ouro_hf(tiny_model(), tmp_path / "hf")
     data = tmp_path / "seqs.jsonl"
     data.write_text("\n".join(json.dumps(s) for s in seqs(4)))
@@ -129,10 +129,6 @@ def test_cli_sweep_and_generate_end_to_end(tmp_path):
     rep = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert [p["loops"] for p in rep["depth_sweep"]["points"]] == [1, 2, 3]
     check_png(tmp_path / "ev" / "pareto.png")
-    bad = run_cli("sweep", str(tmp_path / "hf"), "--data", str(data), "--loops", "0,2", "--out", str(tmp_path / "x"))
-    assert bad.returncode != 0 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip().splitlines()[-1] == "error: loops=0 is invalid: expected integers >= 1 (number of loops T)"
-    assert not (tmp_path / "x").exists()
 
 
 def test_cli_generate_prints_cache_accounting(tmp_path, capsys):
