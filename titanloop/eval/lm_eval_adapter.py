@@ -76,7 +76,8 @@ def _tokenizer(spec: str | None, pretrained: str):
 class TitanloopLM(LM):
     def __init__(self, pretrained: str, n_loops: int | None = None, exit_policy: str = "static", q: float = 1.0,
                  tokenizer: str | None = None, bos_token_id: int | None = None, max_length: int | None = None,
-                 batch_size: int | str | None = 1, device: str | None = "cpu", **unused):
+                 batch_size: int | str | None = 1, device: str | None = "cpu", **_lm_eval_extras):
+        # _lm_eval_extras: options lm_eval passes to every model class (e.g. max_batch_size), unused here
         super().__init__()
         if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cpu"  # lm_eval's CLI defaults to cuda; run on the CPU when there is no GPU

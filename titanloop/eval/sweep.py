@@ -71,7 +71,10 @@ class EvalConfig:
             require(int(getattr(self, name)) >= 1, name, getattr(self, name), "an integer >= 1")
 
     def sweep_loops(self, model_cfg) -> list[int]:
-        return sorted(set(self.loops)) if self.loops else list(range(1, 2 * model_cfg.n_loops + 1))
+        if self.loops:
+            return sorted(set(self.loops))
+        deepest = 2 * model_cfg.n_loops  # per_loop_norm models cannot run past max_loops
+        return list(range(1, (min(deepest, model_cfg.max_loops) if model_cfg.per_loop_norm else deepest) + 1))
 
     def max_exit_loops(self, model_cfg) -> int:
         return int(self.exit_loops or model_cfg.n_loops)
