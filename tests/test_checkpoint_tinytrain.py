@@ -14,10 +14,12 @@ import argparse
 import logging
 import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -59,7 +61,9 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(name)s: %(message)s")
     run_dir = Path(args.run_dir)
-    torch.manual_seed(1234 + rank)
+    torch.manual_seed(1234 + rank)  # per-rank RNG streams; saved and restored per rank by the Checkpointer
+    random.seed(1234 + rank)
+    np.random.seed(1234 + rank)
 
     cfg = preset("debug-tiny", hidden_size=args.hidden, ffn_hidden_size=args.hidden * 3, vocab_size=args.vocab)
     model = build_looplm(cfg)  # same init on every rank (seeded in init_weights by the global seed below)
