@@ -109,6 +109,9 @@ def test_load_model_from_dcp_checkpoint(tmp_path):
     bare.close()
     with pytest.raises(ConfigError, match="has no model config"):
         load_model(tmp_path / "bare" / "checkpoints")
+    (tmp_path / "bare" / "checkpoints" / "step-00000001" / "titanloop.json").unlink()
+    with pytest.raises(ConfigError, match="DCP checkpoint without titanloop.json"):
+        load_model(tmp_path / "bare" / "checkpoints" / "step-00000001")
 
 
 def run_cli(*args, cwd=None):

@@ -60,6 +60,10 @@ def _load_dcp(path: Path, device, dtype) -> LoopLM:
             raise ConfigError(f"checkpoint path={str(path)!r} has no published checkpoint: expected a step-N "
                               "directory or a checkpoint folder with `latest`")
         path = path / layout.step_dir_name(step)
+    if not (path / layout.MANIFEST).is_file():
+        raise ConfigError(f"checkpoint path={str(path)!r} is a DCP checkpoint without {layout.MANIFEST} (e.g. "
+                          "torchtitan's CheckpointManager format, which does not record the model config): "
+                          "expected a titanloop.checkpoint checkpoint, or export the model to an Ouro HF directory")
     manifest = layout.read_manifest(path)
     model = LoopLM(_model_config_from_manifest(manifest, path))
     stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
