@@ -236,7 +236,6 @@ def generate(model: LoopLM, input_ids: torch.Tensor, cfg: GenerationConfig | Non
             "a [B, S] prompt with S >= 1")
     require(int(input_ids.max()) < model.cfg.vocab_size and int(input_ids.min()) >= 0, "input_ids",
             int(input_ids.max()), f"token ids in [0, {model.cfg.vocab_size})")
-    model.eval()
     n_loops = cfg.n_loops or model.cfg.n_loops
     device = model.embed_tokens.weight.device
     ids = input_ids.to(device)

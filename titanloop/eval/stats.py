@@ -97,7 +97,6 @@ def collect_loop_stats(model: LoopLM, batches: list[dict], n_loops: int, *, chun
     """Run every batch to `n_loops` loops and gather the per-token, per-loop scalars (module docstring)."""
     require(int(n_loops) >= 1, "n_loops", n_loops, "an integer >= 1")
     require(chunk_size >= 1, "chunk_size", chunk_size, "an integer >= 1")
-    model.eval()
     device = model.embed_tokens.weight.device
     weight = model.lm_head.weight
     parts = {k: [] for k in ("ce", "correct", "margin", "ash", "hdelta", "gate", "row", "rms")}
