@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from titanloop.checkpoint import layout
 from titanloop.checkpoint.config import CheckpointConfig
@@ -75,6 +76,11 @@ class Checkpointer:
         # DCP's async save runs its collectives in a background thread: give it its own gloo group so it
         # never interleaves with the training collectives on the default group.
         self._save_group = dist.new_group(backend="gloo") if (self.async_mode and self.distributed) else None
+        # One stager for the whole run: it keeps the CPU copy buffers (pinned on CUDA) between saves, so an
+        # async save stalls the loop only for a memcpy into memory that is already mapped.
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
+                                                    use_shared_memory=False, use_async_staging=False,
+                                                    use_non_blocking_copy=False))
         self._pending: _PendingSave | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
         self.last_saved_step: int | None = None
@@ -144,7 +150,8 @@ class Checkpointer:
         json.dumps(manifest, allow_nan=True)  # fail now, on every rank, if a state is not JSON-serializable
         writer = FileSystemWriter(staging, sync_files=True)
         if use_async:
-            upload = dcp.async_save(tensors, storage_writer=writer, process_group=self._save_group)
+            upload = dcp.async_save(tensors, storage_writer=writer, process_group=self._save_group,
+                                    async_stager=self._stager)
             written = self._executor.submit(self._finish_rank_files, upload, staging)
         else:
             dcp.save(tensors, storage_writer=writer)
@@ -194,6 +201,7 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._executor.shutdown(wait=True)
+        self._stager.close()
 
     # ----- load -----------------------------------------------------------------------------------
     def latest_step(self) -> int | None:
