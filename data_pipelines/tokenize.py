@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import queue
 import sys
+import threading
 import time
 
 BATCH_DOCS = 256
@@ -49,6 +50,7 @@ def tokenize_file(job) -> tuple[int, list, int, int]:
     from titanloop.data.tokenizer import load_tokenizer
 
     part, path, args, fingerprint, eos_id, vocab_size, progress = job
+    progress = progress or _worker_progress
     tokenizer = load_tokenizer(args.tokenizer)
     writer = ShardWriter(args.format, args.local_out, part, token_dtype(vocab_size), fingerprint, args.shard_bytes)
     docs = tokens = 0
@@ -84,6 +86,45 @@ def tokenize_file(job) -> tuple[int, list, int, int]:
     return part, shards, docs, tokens
 
 
+class _Progress:
+    """Progress sink for in-process work; `put((file_done, tokens))` like the worker queue."""
+
+    def __init__(self, bar, n_files: int, source: str):
+        self.bar, self.n_files, self.source, self.files_done = bar, n_files, source, 0
+
+    def put(self, item) -> None:
+        done, n_tok = item
+        self.bar.update(n_tok)
+        if done:
+            self.files_done += 1
+            self.bar.set_description(f"{self.source} {self.files_done}/{self.n_files} files")
+
+
+def _run_pool(args, inputs, fingerprint, eos_id, vocab_size, sink: _Progress) -> list:
+    """Tokenize files in worker processes. Fork is used only from a single-threaded process (forking
+    while other threads hold locks can deadlock the child); otherwise spawn."""
+    ctx = mp.get_context("fork" if threading.active_count() == 1 else "spawn")
+    progress = ctx.Queue()
+    jobs = [(i, path, args, fingerprint, eos_id, vocab_size, None) for i, path in enumerate(inputs)]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with ctx.Pool(min(args.workers, len(inputs)), initializer=_init_worker, initargs=(progress,)) as pool:
+        pending = pool.map_async(tokenize_file, jobs, chunksize=1)
+        while not (pending.ready() and progress.empty()):
+            try:
+                sink.put(progress.get(timeout=0.2))
+            except queue.Empty:
+                pass
+        return pending.get()  # re-raises a worker's SystemExit with its one-line message
+
+
+_worker_progress = None
+
+
+def _init_worker(progress) -> None:
+    global _worker_progress
+    _worker_progress = progress
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)  # heavy imports only after --help / argument errors
     from titanloop.data.shard_output import OutputDir
@@ -111,34 +152,19 @@ def main(argv=None) -> None:
           f"eos {eos_id}) -> {args.format} {args.out}", file=sys.stderr)
 
     if args.format == "mds":
-        import streaming  # noqa: F401  (slow import: once here, inherited by the forked workers)
-    ctx = mp.get_context("fork")
-    manager = ctx.Manager()
-    progress = manager.Queue()
-    jobs = [(i, path, args, fingerprint, eos_id, vocab_size, progress) for i, path in enumerate(inputs)]
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false" if args.workers > 1 else "true")
-    results = []
+        import streaming  # noqa: F401  (slow import: once here, inherited by forked workers)
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0  # no monitor thread: keeps the process single-threaded for fork
     bar = tqdm(total=None, unit="tok", unit_scale=True, desc=f"{source} 0/{len(inputs)} files", file=sys.stderr,
                mininterval=0.5)
-    files_done, start = 0, time.time()
-    with ctx.Pool(min(args.workers, len(inputs))) as pool:
-        pending = pool.map_async(tokenize_file, jobs, chunksize=1)
-        while True:
-            try:
-                done, n_tok = progress.get(timeout=0.2)
-                bar.update(n_tok)
-                if done:
-                    files_done += 1
-                    bar.set_description(f"{source} {files_done}/{len(inputs)} files")
-            except queue.Empty:
-                if pending.ready():
-                    break
-        results = pending.get()  # re-raises a worker's SystemExit with its one-line message
-    while not progress.empty():
-        bar.update(progress.get()[1])
-    bar.set_description(f"{source} {len(inputs)}/{len(inputs)} files")
+    start = time.time()
+    if args.workers == 1 or len(inputs) == 1:
+        progress = _Progress(bar, len(inputs), source)
+        results = [tokenize_file((i, path, args, fingerprint, eos_id, vocab_size, progress))
+                   for i, path in enumerate(inputs)]
+    else:
+        results = _run_pool(args, inputs, fingerprint, eos_id, vocab_size, _Progress(bar, len(inputs), source))
     bar.close()
     manifest = Manifest(format=args.format, source=source, dtype=token_dtype(vocab_size),
                         tokenizer={"fingerprint": fingerprint, "vocab_size": vocab_size, "eos_id": eos_id,

@@ -6,9 +6,9 @@ from __future__ import annotations
 class ShardError(RuntimeError):
     """A shard is missing, truncated, corrupt, or was written with another tokenizer.
 
-    The message is one line: `shard <path>: <what is wrong>; <how to fix it>`.
+    The message is one line: `<shard path>: <what is wrong>; <how to fix it>`.
     """
 
     def __init__(self, shard: str, problem: str, fix: str = "re-create it with data_pipelines.tokenize"):
         self.shard = shard
-        super().__init__(f"shard {shard}: {problem}; {fix}")
+        super().__init__(f"{shard}: {problem}; {fix}")

@@ -69,7 +69,7 @@ class ShardFetcher:
             with open(path, "rb") as f:
                 return f.read()
         except FileNotFoundError:
-            raise ShardError(self.location(rel), "is missing", "restore it or re-create the shard set") from None
+            raise ShardError(self.location(rel), "missing", "restore it or re-create the shard set") from None
 
 
 def read_manifest(root: str, cache_dir: str | None = None) -> Manifest:
@@ -78,7 +78,7 @@ def read_manifest(root: str, cache_dir: str | None = None) -> Manifest:
     try:
         text = fetcher.read(MANIFEST).decode("utf-8")
     except ShardError:
-        raise ShardError(where, "is missing", "point data.sources[].path at a directory written by "
+        raise ShardError(where, "missing", "point data.sources[].path at a directory written by "
                                               "data_pipelines (it holds manifest.json)") from None
     return Manifest.from_json(text, where)
 
@@ -112,7 +112,7 @@ class ShardSource:
             elif not self.fetcher.remote:
                 path = os.path.join(self.fetcher.root, shard.path)
                 if not os.path.isfile(path):
-                    self._bad(i, "is missing", "restore it or re-create the shard set")
+                    self._bad(i, "missing", "restore it or re-create the shard set")
                 elif os.path.getsize(path) != shard.bytes:
                     self._bad(i, f"has {os.path.getsize(path)} bytes, the manifest says {shard.bytes}: "
                                  "truncated or corrupt")
