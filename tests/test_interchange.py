@@ -133,6 +133,29 @@ def test_bf16_export_and_sharded_weights(tmp_path):
     _assert_identical(again, import_ouro_hf(tmp_path))
 
 
+def test_failed_export_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    first = tiny()
+    export_ouro_hf(first, tmp_path / "ckpt")
+    import titanloop.interchange.ouro_hf as ouro_hf
+    calls = []
+    real_save = ouro_hf.save_file
+
+    def failing_save(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real_save(*args, **kwargs)
+
+    monkeypatch.setattr(ouro_hf, "save_file", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        export_ouro_hf(tiny(n_kv_heads=2), tmp_path / "ckpt", max_shard_bytes=20_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no staging directory left behind
+    _assert_identical(first, import_ouro_hf(tmp_path / "ckpt"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="out_dir="):
+        export_ouro_hf(first, tmp_path / "file")
+
+
 def test_plain_ouro_directory_imports_with_defaults(tmp_path):
     """A directory as published (no titanloop sub-dict, extra HF keys) loads as the default Ouro variant."""
     model = tiny()

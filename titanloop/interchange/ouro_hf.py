@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -170,9 +172,25 @@ def export_ouro_hf(model: LoopLM, out_dir, *, dtype: torch.dtype | None = None,
     dtype = dtype or model.embed_tokens.weight.dtype
     tensors = {hf_name(n): t.detach().to("cpu", dtype).contiguous() for n, t in state.items()}
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in [out / WEIGHTS_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
-        stale.unlink(missing_ok=True)  # a previous export with a different sharding must not linger
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out_dir={str(out)!r} is invalid: it is a file, expected a directory (new or existing)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a sibling staging directory and move the files in only when all are written, so a failed
+    # export never leaves a half-written checkpoint or destroys a previous one in `out`.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        _write_checkpoint(staging, tensors, ouro_config_dict(model.cfg, dtype, early_exit_threshold), max_shard_bytes)
+        out.mkdir(exist_ok=True)
+        for stale in [out / WEIGHTS_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
+            stale.unlink(missing_ok=True)  # a previous export with a different sharding must not linger
+        for f in sorted(staging.iterdir()):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write_checkpoint(out: Path, tensors: dict, config: dict, max_shard_bytes: int) -> None:
     metadata = {"format": "pt"}
     shards = _plan_shards([(n, t.numel() * t.element_size()) for n, t in tensors.items()], max_shard_bytes)
     if len(shards) == 1:
@@ -186,9 +204,7 @@ def export_ouro_hf(model: LoopLM, out_dir, *, dtype: torch.dtype | None = None,
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                  indent=2) + "\n")
-    config = ouro_config_dict(model.cfg, dtype, early_exit_threshold)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return out
 
 
 def read_ouro_config(path) -> LoopLMConfig:
