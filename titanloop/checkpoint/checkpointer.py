@@ -101,7 +101,8 @@ class Checkpointer:
         for name, obj in states.items():
             if isinstance(obj, nn.Module):
                 obj = ModelState(obj)
-            elif isinstance(obj, torch.optim.Optimizer):
+            elif isinstance(obj, torch.optim.Optimizer) and type(obj).state_dict is torch.optim.Optimizer.state_dict:
+                # (containers such as torchtitan's OptimizersContainer bring their own FQN state_dict)
                 if not isinstance(model, nn.Module):
                     raise CheckpointError(f"checkpoint state {name!r} is a bare optimizer: pass the model as "
                                           "states['model'] (an nn.Module) or an object with state_dict()")

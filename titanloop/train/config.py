@@ -129,10 +129,17 @@ class CheckpointSection:
     enable: bool = False
     interval: int = 100  # steps between saves (the last step is always saved)
     keep_latest_k: int = 3
+    # titanloop.checkpoint (docs/checkpointing.md): permanent every-M-th saves, sync/async, preemption.
+    keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this forever (0: none)
+    mode: str = "auto"  # auto (async on GPU, sync on CPU) | sync | async
+    preemption_signals: list = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
+    slurm_time_margin_s: float = 0.0  # > 0: also save and stop when less Slurm time than this is left
 
     def validate(self):
         require(self.interval >= 1, "checkpoint.interval", self.interval, "an integer >= 1")
         require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", self.keep_latest_k, "an integer >= 0")
+        require(self.keep_every >= 0, "checkpoint.keep_every", self.keep_every, "an integer >= 0")
+        require_choice(self.mode, "checkpoint.mode", ("auto", "sync", "async"))
 
 
 @dataclass

@@ -82,16 +82,23 @@ def torchtitan_config(cfg: TrainConfig, world_size: int) -> Trainer.Config:
 
 
 def build_checkpointer(trainer: "LoopTrainer"):
-    """The checkpoint manager (one place, so titanloop.checkpoint's atomic Checkpointer can replace it).
+    """The checkpointer torchtitan's loop drives: titanloop.checkpoint's atomic, preemption-safe one.
 
-    Today: torchtitan's DCP CheckpointManager in <run_dir>/checkpoint, saving model, optimizer, LR
-    schedulers, the data loader's global state and the train state (step, tokens, NaN counters).
+    <run_dir>/checkpoints/step-N (DCP, reshardable) with model, optimizer, LR schedulers, the data loader's
+    global state, the train state (step, tokens, skipped steps), per-rank RNG, the resolved config and the
+    stage name; auto-resume from the run dir; SIGUSR1/SIGTERM -> save and exit 75 (docs/checkpointing.md).
     """
-    return trainer.config.checkpoint.build(
-        dataloader=trainer.dataloader, model_parts=trainer.model_parts, optimizers=trainer.optimizers,
-        lr_schedulers=trainer.lr_schedulers, states={"train_state": trainer},
-        sd_adapter=trainer.config.model_spec.state_dict_adapter(trainer.config.model_spec.model, None),
-        base_folder=trainer.config.dump_folder)
+    from titanloop.checkpoint import CheckpointConfig, Checkpointer, PreemptionMonitor, TrainerCheckpointer
+
+    c = trainer.loop_cfg.checkpoint
+    cfg = CheckpointConfig(enable=c.enable, interval=c.interval, keep_last=c.keep_latest_k or 10**9,
+                           keep_every=c.keep_every, mode=c.mode)
+    states = {"model": trainer.model_parts[0], "optimizer": trainer.optimizers,
+              "lr_scheduler": trainer.lr_schedulers, "dataloader": trainer.dataloader, "train_state": trainer}
+    checkpointer = Checkpointer(cfg, trainer.loop_cfg.training.run_dir, states, config=trainer.loop_cfg.to_dict(),
+                                stage=os.environ.get("TITANLOOP_STAGE"))
+    monitor = PreemptionMonitor(c.preemption_signals, slurm_time_margin_s=c.slurm_time_margin_s)
+    return TrainerCheckpointer(checkpointer, monitor)
 
 
 class LoopTrainer(Trainer):
