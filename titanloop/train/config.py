@@ -149,6 +149,7 @@ class MetricsSection:
     wandb_project: str = "titanloop"
     wandb_entity: str | None = None
     run_name: str | None = None
+    count_comms: bool = False  # count each step's collectives (CommDebugMode) and log them as comm/<kind>
 
     def validate(self):
         require(self.log_freq >= 1, "metrics.log_freq", self.log_freq, "an integer >= 1")

@@ -79,6 +79,9 @@ class MetricsLogger:
                 f"TFLOP/s {scalars['tflops']:.3f} | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}")
         if scalars.get("skipped_steps"):
             line += f" | skipped {int(scalars['skipped_steps'])}"
+        comms = {k[5:]: v for k, v in scalars.items() if k.startswith("comm/")}
+        if comms:
+            line += " | comms " + " ".join(f"{k}={v}" for k, v in comms.items())
         print(line, flush=True)
         self.jsonl.parent.mkdir(parents=True, exist_ok=True)
         with open(self.jsonl, "a") as f:

@@ -40,7 +40,8 @@ from torchtitan.trainer import Trainer  # noqa: E402
 
 from titanloop.data import DataConfig, build_dataloader  # noqa: E402
 from titanloop.objectives import LoopSampler  # noqa: E402
-from titanloop.parallel import gather_sequence, reshard_looped_layers, set_gradient_sync  # noqa: E402
+from titanloop.parallel import count_collectives, gather_sequence, reshard_looped_layers, set_gradient_sync  # noqa: E402
+from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes  # noqa: E402
 from titanloop.train.config import TrainConfig, mesh_degrees  # noqa: E402
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger  # noqa: E402
 from titanloop.train.model_spec import looplm_model_spec  # noqa: E402
@@ -207,6 +208,21 @@ class LoopTrainer(Trainer):
         return lambda x: model.recurrent_map(x, t, cos, sin, mask)
 
     def train_step(self, data_iterator):
+        """One optimizer step (torchtitan's Trainer.train calls this once per step)."""
+        if self.loop_cfg.metrics.count_comms:
+            with count_collectives() as comms:
+                logged = self._optimizer_step(data_iterator)
+        else:
+            comms, logged = None, self._optimizer_step(data_iterator)
+        if logged is not None:
+            scalars, per_loop = logged
+            if comms is not None:
+                scalars.update({f"comm/{kind}": n for kind, n in sorted(comms.items())})
+            self.metrics.log(self.step, scalars, per_loop)
+
+    def _optimizer_step(self, data_iterator) -> tuple[dict, dict] | None:
+        """Forward/backward over the micro-batches, NaN check, clip, optimizer and LR step; returns the
+        metrics to log (None when this step is not logged or was skipped)."""
         cfg = self.loop_cfg
         model = self.model_parts[0]
         start = time.perf_counter()
@@ -238,15 +254,18 @@ class LoopTrainer(Trainer):
             if self.rank == 0:
                 print(f"step {self.step:5d} | non-finite loss ({loss_value}) on at least one rank: step skipped "
                       f"({self.nan_streak} in a row, limit {cfg.training.max_nan_steps})", flush=True)
-            return
+            return None
         self.nan_streak = 0
         max_norm = cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
         params = [p for m in self.model_parts for p in m.parameters() if p.requires_grad]
-        grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=self.parallel_dims.tp == 1)
+        if self.parallel_dims.tp > 1:  # parameters on two meshes: norm per mesh group, then combined
+            grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
+        else:
+            grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=True)
         self.optimizers.step()
         self.lr_schedulers.step()
         if self.step % cfg.metrics.log_freq and self.step != 1:
-            return
+            return None
         per_loop, offset = {}, 1
         for k in keys:
             n = stats_sum[k].numel()
@@ -261,7 +280,7 @@ class LoopTrainer(Trainer):
                    "mfu": flops / (H100_BF16_PEAK_FLOPS * self.world_size) if DEVICE_TYPE == "cuda" else None}
         if "jsrr" in per_loop:
             scalars["jsrr"] = per_loop.pop("jsrr")[0]
-        self.metrics.log(self.step, scalars, per_loop)
+        return scalars, per_loop
 
     # ----- loop control and state ------------------------------------------------------------------
     def should_continue_training(self) -> bool:
