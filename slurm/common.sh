@@ -39,6 +39,7 @@ ARGS=(--config "$CONFIG")
 ARGS+=("$@")
 
 NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+export TITANLOOP_STAGE="$STAGE"  # recorded in the checkpoint manifest
 export MASTER_ADDR="${MASTER_ADDR:-${NODES[0]}}"
 export MASTER_PORT="${MASTER_PORT:-$((29500 + SLURM_JOB_ID % 1000))}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

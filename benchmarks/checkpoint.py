@@ -1,0 +1,120 @@
+"""Checkpoint cost: training-loop stall of an async save vs a synchronous save, and save/load times.
+
+A LoopLM with AdamW state (one optimizer step taken) is saved through titanloop.checkpoint.Checkpointer
+into a temporary run dir, after one warm-up save of each kind (the async stager allocates its reusable CPU
+buffers on the first async save), alternately:
+  sync   ckpt.save(step, sync=True): the loop stalls for the whole save (DCP write, fsync, crc32, publish);
+  async  ckpt.save(step, sync=False): the loop stalls only for the state_dict + copy to CPU (DCP staging);
+         the write runs in a background thread while the loop runs training steps, and the checkpoint is
+         published at a later step boundary (ckpt.maybe_save polls; here ckpt.wait() at the end).
+Also the load time of the last checkpoint. Target: async stall <= 25% of the sync save time.
+
+    python benchmarks/checkpoint.py [--hidden 512] [--layers 4] [--vocab 16384] [--repeats 3] [--out f.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from titanloop.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from titanloop.model import LoopLMConfig, build_looplm  # noqa: E402
+
+TARGET = 0.25
+
+
+def train_step(model, opt, ids):
+    out = model(ids, return_logits="last")
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--repeats", type=int, default=3, help="saves per mode (alternating sync/async)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if min(args.hidden, args.layers, args.vocab, args.repeats) < 1 or args.hidden % 8:
+        raise SystemExit("error: --hidden must be a positive multiple of 8; --layers, --vocab, --repeats >= 1")
+
+    torch.manual_seed(0)
+    cfg = LoopLMConfig(vocab_size=args.vocab, hidden_size=args.hidden, n_heads=8, ffn_hidden_size=3 * args.hidden,
+                       n_layers=args.layers, n_loops=2, max_loops=2, max_seq_len=64)
+    model = build_looplm(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, args.vocab, (1, 16))
+    train_step(model, opt, ids)  # creates the optimizer state that gets saved
+    n_params = model.num_params()
+    print(f"[checkpoint bench] LoopLM {n_params / 1e6:.1f}M params + AdamW state; {args.repeats} saves per mode",
+          flush=True)
+
+    sync_s, async_stall_s, async_total_s, load_s = [], [], [], []
+    with tempfile.TemporaryDirectory() as run_dir:
+        states = {"model": model, "optimizer": opt}
+        ckpt = Checkpointer(CheckpointConfig(interval=10**9, keep_last=2, mode="sync"), run_dir, states=states)
+        ckpt.save(1, sync=True)  # warm-up, not counted: file creation, the async stager's CPU buffers
+        ckpt.save(2, sync=False)
+        ckpt.wait()
+        step = 2
+        for r in range(args.repeats):
+            step += 1
+            t0 = time.perf_counter()
+            ckpt.save(step, sync=True)
+            sync_s.append(time.perf_counter() - t0)
+
+            step += 1
+            t0 = time.perf_counter()
+            ckpt.save(step, sync=False)
+            async_stall_s.append(time.perf_counter() - t0)
+            while not ckpt._pending.writer.done():  # the loop keeps training while the write runs
+                train_step(model, opt, ids)
+            ckpt.wait()
+            async_total_s.append(time.perf_counter() - t0)
+            print(f"  repeat {r + 1}: sync save {sync_s[-1]:.3f}s | async stall {async_stall_s[-1]:.3f}s, "
+                  f"published after {async_total_s[-1]:.3f}s", flush=True)
+        ckpt.close()
+        size = sum(p.stat().st_size for p in (Path(run_dir) / "checkpoints" / f"step-{step:08d}").iterdir())
+        for _ in range(args.repeats):
+            fresh = Checkpointer(CheckpointConfig(mode="sync"), run_dir, states=states)
+            t0 = time.perf_counter()
+            assert fresh.load_latest() == step
+            load_s.append(time.perf_counter() - t0)
+
+    med = statistics.median
+    result = {
+        "config": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params": n_params,
+                   "checkpoint_bytes": size, "repeats": args.repeats},
+        "sync_save_s": med(sync_s), "async_stall_s": med(async_stall_s), "async_publish_s": med(async_total_s),
+        "load_s": med(load_s), "raw": {"sync_save_s": sync_s, "async_stall_s": async_stall_s,
+                                       "async_publish_s": async_total_s, "load_s": load_s},
+    }
+    result["stall_ratio"] = result["async_stall_s"] / result["sync_save_s"]
+    result["target"] = TARGET
+    result["meets_target"] = result["stall_ratio"] <= TARGET
+    print(f"\n{'checkpoint of':<28}{size / 2**20:>10.1f} MiB")
+    for label, key in (("sync save (loop stalled)", "sync_save_s"), ("async save: loop stall", "async_stall_s"),
+                       ("async save: published after", "async_publish_s"), ("load", "load_s")):
+        print(f"{label:<28}{result[key]:>10.3f} s")
+    print(f"{'async stall / sync save':<28}{result['stall_ratio']:>10.3f}   (target <= {TARGET}: "
+          f"{'met' if result['meets_target'] else 'NOT met'})")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
