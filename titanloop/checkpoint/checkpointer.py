@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from titanloop.checkpoint import layout
 from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.checkpoint.errors import CheckpointError
+from titanloop.checkpoint.preemption import collective_device
 from titanloop.checkpoint.safe_reader import SafeFileSystemReader, read_dcp_metadata
 from titanloop.checkpoint.state import (ModelState, OptimizerState, join_state, restore_rng_state,
                                         rng_state_tensors, split_state, tensor_paths)
@@ -48,13 +49,6 @@ class _PendingSave:
     manifest: dict  # everything but the file records, captured when the save started
     writer: Future  # resolves to {file name: record} for this rank's files once DCP finished writing
     started: float
-
-
-def collective_device() -> torch.device:
-    """Where small control tensors must live for the default group's backend (NCCL: the GPU)."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _dist() -> tuple[int, int]:

@@ -32,6 +32,13 @@ log = logging.getLogger("titanloop.checkpoint")
 EXIT_CODE_PREEMPTED = 75  # EX_TEMPFAIL: the run is not finished, start it again with the same run dir
 
 
+def collective_device() -> torch.device:
+    """Where small control tensors must live for the default group's backend (NCCL: the GPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _parse_signal(name) -> signal.Signals:
     if isinstance(name, int):
         return signal.Signals(name)
@@ -88,7 +95,6 @@ class PreemptionMonitor:
         """True on every rank once any rank got a preemption signal (or Slurm time runs out); collective."""
         code = self._local_reason()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            from titanloop.checkpoint.checkpointer import collective_device
             t = torch.tensor([code], dtype=torch.int32, device=collective_device())
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             code = int(t.item())

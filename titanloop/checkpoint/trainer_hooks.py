@@ -41,8 +41,10 @@ class TrainerCheckpointer:
             if ckpt.last_saved_step != curr_step:
                 ckpt.save(curr_step, sync=True)
             ckpt.wait()
-            print(f"[titanloop] preempted at step {curr_step} ({self.monitor.reason}): checkpoint saved, "
-                  f"exiting with code {EXIT_CODE_PREEMPTED} so the job is requeued", flush=True)
+            if ckpt.rank == 0:
+                saved = "checkpoint saved" if ckpt.cfg.enable else "checkpointing is disabled, nothing saved"
+                print(f"[titanloop] preempted at step {curr_step} ({self.monitor.reason}): {saved}, "
+                      f"exiting with code {EXIT_CODE_PREEMPTED} so the job is requeued", flush=True)
             raise Preempted(curr_step)
 
     def close(self) -> None:
