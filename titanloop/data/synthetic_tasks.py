@@ -169,7 +169,11 @@ class MultiHopTask(Task):
         self.edges = ((np.arange(1, n_layers)[:, None, None] * layer_size)
                       + world.integers(0, layer_size, size=(n_layers - 1, layer_size, n_relations)))
         self.n_questions = layer_size * n_relations ** self.HOPS
-        self.eval_fraction = min(0.5, n_eval / self.n_questions)
+        require(1 <= n_eval <= self.n_questions // 2, "data.task_options.n_eval", n_eval,
+                f"an integer in [1, {self.n_questions // 2}]")
+        # the held-out questions: exactly n_eval of them (ouro B.3 leaves out 3,000), chosen by hash
+        self._eval_ids = np.sort(np.argsort(self._hash(np.arange(self.n_questions)), kind="stable")[:n_eval])
+        self._eval_set = set(self._eval_ids.tolist())
 
     def _question(self, q: int) -> tuple[list[int], list[int]]:
         rels = []
@@ -185,8 +189,29 @@ class MultiHopTask(Task):
         words += [self.people[start], "?", "answer", ":"]
         return self.encode(words), self.encode([self.people[person]])
 
+    @staticmethod
+    def _hash(q: np.ndarray) -> np.ndarray:
+        """splitmix64 of question ids, vectorized over all 800K questions."""
+        with np.errstate(over="ignore"):
+            z = (q.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(31))) * np.uint64(0x94D049BB133111EB)
+            return z ^ (z >> np.uint64(29))
+
     def generate(self, rng, split):
-        return self._question(int(rng.integers(self.n_questions)))
+        ids = self._eval_ids if split == "eval" else None
+        q = int(ids[rng.integers(len(ids))]) if ids is not None else int(rng.integers(self.n_questions))
+        return self._question(q)
+
+    def in_eval(self, prompt: list[int]) -> bool:
+        return self._question_id(prompt) in self._eval_set
+
+    def _question_id(self, prompt: list[int]) -> int:
+        words = self.decode(prompt)
+        rels = [int(w[1:]) for w in words if w.startswith("r")][::-1]  # r1 first
+        q = int(words[words.index("?") - 1][1:])
+        for r in reversed(rels):
+            q = q * self.n_relations + r
+        return q
 
     def fact(self, rng) -> tuple[list[int], int]:
         layer = int(rng.integers(self.n_layers - 1))
