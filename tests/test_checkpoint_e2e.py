@@ -111,7 +111,7 @@ def assert_identical(a: dict, b: dict) -> None:
 
 
 STEPS, INTERVAL = 14, 3
-COMMON = ("--steps", STEPS, "--interval", INTERVAL, "--keep-last", 2, "--sleep", 0.25)
+COMMON = ("--steps", STEPS, "--interval", INTERVAL, "--keep-last", 2, "--sleep", 0.2)
 
 
 def test_bitwise_resume_after_usr1_term_and_kill(tmp_path):
@@ -184,7 +184,7 @@ def test_world_size_change_2_to_1_and_4(tmp_path):
     manifest = json.loads((base / "checkpoints" / "step-00000006" / "titanloop.json").read_text())
     assert manifest["world_size"] == 2
     finals = {}
-    for world in (2, 1, 4):
+    for world in (1, 4):
         run_dir = tmp_path / f"resume-w{world}"
         shutil.copytree(base, run_dir)
         (run_dir / "final.pt").unlink()
@@ -192,11 +192,11 @@ def test_world_size_change_2_to_1_and_4(tmp_path):
         assert run.wait() == 0, run.log[-3000:]
         assert run.resumed_from() == 6 and f"world={world}" in run.log
         finals[world] = final_state(run_dir)
-    ref = finals[2]
-    for world in (1, 4):
-        got = finals[world]
-        assert got["losses"][:6] == ref["losses"][:6]  # history restored exactly
-        # steps 7-9 ran on other world sizes: same data and state, only the reduction order differs
-        assert got["losses"][6:] == pytest.approx(ref["losses"][6:], rel=1e-4)
-        for k, v in ref["model"].items():
-            torch.testing.assert_close(got["model"][k], v, rtol=1e-4, atol=1e-5)
+    saved = final_state(base)["losses"]
+    one, four = finals[1], finals[4]
+    assert one["losses"][:6] == four["losses"][:6] == saved  # history restored exactly on both
+    # steps 7-9 ran on 1 and on 4 ranks from the same resharded state and data position: equal up to the
+    # reduction order of the gradient all-reduce
+    assert four["losses"][6:] == pytest.approx(one["losses"][6:], rel=1e-4)
+    for k, v in one["model"].items():
+        torch.testing.assert_close(four["model"][k], v, rtol=1e-4, atol=1e-5)

@@ -36,14 +36,14 @@ def _cluster_problem() -> str | None:
     return None
 
 
-def sbatch(run_dir: Path, steps: int) -> str:
+def sbatch(run_dir: Path, steps: int, *sbatch_args: str, wandb: str = "offline") -> str:
     run_dir.mkdir(parents=True)
     env = {**os.environ, "CPU": "1", "NPROC": "2", "TITANLOOP_CONFIG": "train_configs/debug.toml",
            "TITANLOOP_RUN_DIR": str(run_dir), "TITANLOOP_RESIGNAL_S": "5", "WANDB_MODE": "offline"}
     cmd = ["sbatch", "--parsable", "--nodes=1", "--gres=none", "--cpus-per-task=1", "--mem=4G", "--time=30",
-           "--signal=B:USR1@10", f"--output={run_dir}/slurm.out", "slurm/stage1a.sh",
+           "--signal=B:USR1@10", f"--output={run_dir}/slurm.out", *sbatch_args, "slurm/stage1a.sh",
            "--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", "4",
-           "--metrics.log_freq", "1", "--metrics.wandb", "offline"]
+           "--metrics.log_freq", "1", "--metrics.wandb", wandb]
     return subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -115,3 +115,35 @@ def test_sbatch_preempted_requeued_resumed_equals_uninterrupted(tmp_path):
     assert ma["states"] == mb["states"] and ma["stage"] == mb["stage"] == "stage1a"
     print(f"slurm: preempted at step {stop}, requeued once, resumed at {stop + 1}, completed {steps} steps; "
           f"{len(compared)} tensors + JSON state identical to the uninterrupted job")
+
+
+def test_partition_preemption_sigterm_save_and_slurm_requeue(tmp_path):
+    """A job in the higher-priority `urgent` partition preempts the training job (PreemptMode=REQUEUE):
+    Slurm sends SIGTERM to every process, the ranks save at the next step boundary (torchrun gives them
+    30 s), Slurm requeues the job by itself, and it resumes from that save and completes."""
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(problem)
+    cpus = subprocess.run(["sinfo", "-h", "-p", "batch", "-o", "%c"], capture_output=True, text=True).stdout.split()
+    if not cpus:
+        pytest.skip("the cluster has no `batch` partition (start it with slurm/local_cluster.sh)")
+    steps, run_dir = 20, tmp_path / "run"
+    # The whole node, so the urgent job must preempt it. W&B off: Slurm's SIGTERM also reaches the wandb-core
+    # service process, which dies, and the trainer's next W&B call fails (see docs/checkpointing.md).
+    job = sbatch(run_dir, steps, f"--cpus-per-task={cpus[0]}", wandb="off")
+    deadline = time.time() + 240
+    while last_step(run_dir / "slurm.out") < 3:
+        assert time.time() < deadline and job_state(job)["JobState"] in ("PENDING", "RUNNING"), job_state(job)
+        time.sleep(0.2)
+    urgent = subprocess.run(["sbatch", "--parsable", "--partition=urgent", f"--cpus-per-task={cpus[0]}",
+                             f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    final = wait_done(job, run_dir, timeout=400)
+    log = (run_dir / "slurm.out").read_text()
+    assert job_state(urgent)["JobState"] == "COMPLETED"
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", log[-3000:]
+    stop = int(re.search(r"preempted at step (\d+) \(signal SIGTERM\)", log).group(1))
+    after_requeue = log[log.index("restart 1:"):]
+    assert int(re.search(r"(?m)^step\s+(\d+) \|", after_requeue).group(1)) == stop + 1
+    assert (run_dir / "checkpoints" / f"step-{steps:08d}").is_dir()
+    print(f"slurm partition preemption: SIGTERM save at step {stop}, requeued by Slurm, resumed at {stop + 1}")
