@@ -1,10 +1,16 @@
-"""Multi-process tests of the parallel layouts with real torchrun (gloo, CPU).
+"""Multi-process tests of the trainer with real torchrun (gloo, CPU). Five launches are shared by all tests
+(each launch costs ~10 s of imports per process on the 2 CI cores):
 
 - loss parity: 1 process vs 2-process FSDP vs 2-process TP vs 4-process 2x2 FSDP x TP (same seed, same
   global batch): the same initial loss and the same loss after 4 optimizer steps within LOSS_TOL;
 - multi-node launch simulated on one machine: two torchrun launchers with --nnodes 2 (c10d rendezvous on
   127.0.0.1), one process each, match the single-launcher 2-process loss;
-- the collective counts of one step match docs/parallelism.md.
+- the collective counts of one step match docs/parallelism.md;
+- NaN handling: after the parity window, the 2-process FSDP run gets a NaN loss on its last rank at step 5
+  (skipped on every rank, training continues); the multi-node run gets NaNs at steps 5 and 6 and must stop
+  on every rank with max_nan_steps=2 (no hang, one-line error, nonzero exit);
+- W&B offline: the 2-process FSDP run and the multi-node run (a "resumed job" in the same run dir) log
+  offline with one stable run id; a fake WANDB_API_KEY appears nowhere in the run dir or the output.
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEBUG = str(REPO / "train_configs" / "debug.toml")
-STEPS = 4
+STEPS = 4  # parity window
 # fp32 everywhere; the layouts differ only in reduction order (FSDP reduce-scatter, TP partial sums,
-# per-rank micro-batches vs gradient accumulation), which moves the loss by ~1e-6 at step 1 and by
-# at most ~1e-4 after 4 AdamW steps at lr 3e-3.
+# per-rank micro-batches vs gradient accumulation): measured differences are < 1e-5 after 4 steps.
 LOSS_TOL = 1e-3
 INIT_TOL = 1e-5
+FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a real W&B key (40 hex chars)
 TINY = ["--training.seq_len", "32", "--training.micro_batch_size", "2", "--training.global_batch_size", "4",
         "--training.steps", str(STEPS), "--metrics.log_freq", "1", "--lr_scheduler.warmup_steps", "1",
         "--metrics.count_comms", "true"]
@@ -40,29 +46,24 @@ def free_port() -> int:
 
 
 def env() -> dict:
-    e = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
-    e.pop("WANDB_API_KEY", None)
-    return e
+    return dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_API_KEY=FAKE_KEY, WANDB_SILENT="true",
+                PYTHONUNBUFFERED="1")
 
 
-def torchrun(nproc: int, module: str, args: list[str], timeout: int = 240):
+def launch(nproc: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     """One single-node torchrun launcher (--standalone: c10d rendezvous on a free localhost port)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", module, *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+           "-m", "titanloop.train", "--config", DEBUG, *TINY, "--training.run_dir", str(run_dir), *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
 
 
-def launch(nproc: int, run_dir: Path, *overrides: str):
-    args = ["--config", DEBUG, *TINY, "--training.run_dir", str(run_dir), *overrides]
-    return torchrun(nproc, "titanloop.train", args)
-
-
-def metrics(run_dir: Path) -> dict[int, dict]:
-    """step -> {"loss": ..., "comms": {kind: count}} from rank 0's metrics.jsonl."""
+def metrics(run_dir: Path, skip: int = 0) -> dict[int, dict]:
+    """step -> {"loss", "skipped_steps", "comms": {kind: count}} from rank 0's metrics.jsonl (after `skip`
+    lines written by earlier launches in the same run dir)."""
     out = {}
-    for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+    for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()[skip:]):
         comms = {k[5:]: v for k, v in rec.items() if k.startswith("comm/")}
-        out[rec["step"]] = {"loss": rec["loss"], "comms": comms}
+        out[rec["step"]] = {"loss": rec["loss"], "skipped_steps": rec["skipped_steps"], "comms": comms}
     return out
 
 
@@ -71,77 +72,116 @@ def check(proc):
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
+def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
-    runs = {
+    layouts = {
         "1 proc": (1, []),
-        "2-proc FSDP": (2, []),
+        # + a NaN on the last rank at step 5 (after the parity window), W&B offline
+        "2-proc FSDP": (2, ["--training.steps", "6", "--training.inject_nan_steps", "[5]",
+                            "--metrics.wandb", "online"]),
         "2-proc TP": (2, ["--parallelism.tp", "2"]),
         "4-proc 2x2 FSDPxTP": (4, ["--parallelism.tp", "2"]),
     }
-    results = {}
-    for name, (nproc, extra) in runs.items():
+    results = {"dirs": {}, "out": {}}
+    for name, (nproc, extra) in layouts.items():
         run_dir = root / name.replace(" ", "_")
-        check(launch(nproc, run_dir, *extra))
+        proc = launch(nproc, run_dir, *extra)
+        check(proc)
         results[name] = metrics(run_dir)
-    table = ["| layout | loss step 1 | loss step 4 | collectives per step |", "|---|---|---|---|"]
-    table += [f"| {n} | {r[1]['loss']:.6f} | {r[STEPS]['loss']:.6f} | {r[STEPS]['comms']} |"
-              for n, r in results.items()]
-    print("\n".join(table))
-    (root / "parity.md").write_text("\n".join(table) + "\n")
-    return results
+        results["dirs"][name], results["out"][name] = run_dir, proc.stdout + proc.stderr
 
-
-def test_layouts_match_single_process_loss(layouts):
-    ref = {step: m["loss"] for step, m in layouts["1 proc"].items()}
-    assert ref[STEPS] < ref[1], "the debug model must learn in 4 steps"
-    for name, run in layouts.items():
-        assert run[1]["loss"] == pytest.approx(ref[1], abs=INIT_TOL), (name, run[1], ref[1])
-        assert run[STEPS]["loss"] == pytest.approx(ref[STEPS], abs=LOSS_TOL), (name, run[STEPS], ref[STEPS])
-
-
-@pytest.fixture(scope="module")
-def multinode(tmp_path_factory):
-    """Two torchrun launchers (--nnodes 2, one process each, c10d rendezvous on 127.0.0.1), with the
-    looped layers resharded after every use (same arithmetic, more all-gathers: see the comm test)."""
+    # Two launchers, --nnodes 2, one process each, in the 2-proc FSDP run dir (a resumed job for W&B).
+    # Looped layers resharded after every use (same arithmetic, more all-gathers); NaN at steps 5 and 6.
+    run_dir = results["dirs"]["2-proc FSDP"]
+    before = len((run_dir / "metrics.jsonl").read_text().splitlines())
     port = free_port()
-    run_dir = tmp_path_factory.mktemp("multinode")
     procs = []
     for node_rank in range(2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                f"--node_rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                "--rdzv-id=titanloop-test", "-m", "titanloop.train", "--config", DEBUG, *TINY,
-               "--training.run_dir", str(run_dir), "--parallelism.reshard_looped", "always"]
+               "--training.run_dir", str(run_dir), "--parallelism.reshard_looped", "always",
+               "--training.steps", "10", "--training.inject_nan_steps", "[5, 6]", "--training.max_nan_steps", "2",
+               "--metrics.wandb", "online"]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    return metrics(run_dir)
+    results["multinode_out"] = [p.communicate(timeout=300)[0] for p in procs]
+    results["multinode_rc"] = [p.returncode for p in procs]
+    results["multinode"] = metrics(run_dir, skip=before)
+
+    table = ["| layout | loss step 1 | loss step 4 | collectives per step |", "|---|---|---|---|"]
+    for name in [*layouts, "multinode"]:
+        r = results[name]
+        table.append(f"| {name} | {r[1]['loss']:.6f} | {r[STEPS]['loss']:.6f} | {r[STEPS]['comms']} |")
+    print("\n".join(table))
+    return results
 
 
-def test_two_launchers_multi_node_match_single_launcher(layouts, multinode):
-    ref = layouts["2-proc FSDP"]
-    for step in (1, STEPS):  # same layout and arithmetic as the single-launcher 2-process run
-        assert multinode[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-6)
+def test_layouts_match_single_process_loss(runs):
+    ref = {step: m["loss"] for step, m in runs["1 proc"].items()}
+    assert ref[STEPS] != ref[1]  # the optimizer steps changed the model
+    for name in ("2-proc FSDP", "2-proc TP", "4-proc 2x2 FSDPxTP"):
+        run = runs[name]
+        assert run[1]["loss"] == pytest.approx(ref[1], abs=INIT_TOL), (name, run[1], ref[1])
+        assert run[STEPS]["loss"] == pytest.approx(ref[STEPS], abs=LOSS_TOL), (name, run[STEPS], ref[STEPS])
 
 
-def test_comm_counts_match_docs(layouts, multinode):
+def test_two_launchers_multi_node_match_single_launcher(runs):
+    ref = runs["2-proc FSDP"]
+    for step in range(1, STEPS + 1):  # same layout and arithmetic as the single-launcher 2-process run
+        assert runs["multinode"][step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-6)
+
+
+def test_comm_counts_match_docs(runs):
     """docs/parallelism.md, one step of debug-tiny (L = 2 looped layers, T = 4), per rank:
     FSDP with reshard_looped='never' all-gathers and reduce-scatters each looped layer once, plus the root
     unit; 'always' all-gathers each looped layer 2T times (T forward + T backward). Two all-reduces: the
-    packed loss/statistics and the gradient norm. Tensor parallel (sequence parallel) counts are the
-    measured ones listed in the docs."""
+    packed loss/statistics and the gradient norm. Tensor parallel (sequence parallel) all-gathers and
+    reduce-scatters follow from the plan; the all-reduce counts are only listed in the docs."""
     n_layers, n_loops = 2, 4
-    never = layouts["2-proc FSDP"][STEPS]["comms"]
+    never = runs["2-proc FSDP"][STEPS]["comms"]
     assert never == {"all_gather": 1 + n_layers, "reduce_scatter": 1 + n_layers, "all_reduce": 2}, never
-    always = multinode[STEPS]["comms"]
+    always = runs["multinode"][STEPS]["comms"]
     assert always == {"all_gather": 1 + 2 * n_loops * n_layers, "reduce_scatter": 1 + n_layers, "all_reduce": 2}
-    # 1 process: FSDP on a 1-rank mesh issues no collectives; only the two scalar all-reduces remain.
-    assert layouts["1 proc"][STEPS]["comms"] == {"all_reduce": 2}
-    tp = layouts["2-proc TP"][STEPS]["comms"]
+    # 1 process: FSDP on a 1-rank mesh issues no collectives and the gradient norm needs none.
+    assert runs["1 proc"][STEPS]["comms"] == {"all_reduce": 1}
+    tp = runs["2-proc TP"][STEPS]["comms"]
     micro_batches = 2  # dp = 1: the global batch of 4 is 2 micro-batches of 2
-    # SP per layer call: 2 all-gathers + 2 reduce-scatters forward, the all-gathers' transposes in backward;
-    # + embedding (1 reduce-scatter fwd, 1 all-gather bwd) + gathering T readouts, T states, gate logits.
+    # SP per layer call: 2 all-gathers + 2 reduce-scatters forward, the reduce-scatters' transposes in
+    # backward; + embedding (1 reduce-scatter fwd, 1 all-gather bwd) + gathering T readouts, T states and
+    # the gate logits for the objective.
     assert tp["all_gather"] == micro_batches * (2 * 2 * n_layers * n_loops + 1 + 2 * n_loops + 1), tp
     assert tp["reduce_scatter"] == micro_batches * (2 * n_layers * n_loops + 1), tp
+    both = runs["4-proc 2x2 FSDPxTP"][STEPS]["comms"]  # TP counts for 1 micro-batch + the FSDP ones
+    assert both["all_gather"] == tp["all_gather"] // 2 + 1 + n_layers, both
+    assert both["reduce_scatter"] == tp["reduce_scatter"] // 2 + 1 + n_layers, both
+
+
+def test_nan_on_one_rank_is_skipped_on_every_rank(runs):
+    out = runs["out"]["2-proc FSDP"]
+    assert "step     5 | non-finite loss (nan) on at least one rank: step skipped (1 in a row" in out
+    logged = runs["2-proc FSDP"]
+    assert 5 not in logged and logged[6]["skipped_steps"] == 1
+    assert logged[6]["loss"] == logged[6]["loss"]  # finite again after the skip
+
+
+def test_consecutive_nans_stop_every_rank(runs):
+    assert all(rc != 0 for rc in runs["multinode_rc"]), runs["multinode_rc"]  # both launchers ended, no hang
+    out = "".join(runs["multinode_out"])
+    assert "error: stopped at step 6 after 2 non-finite losses in a row (training.max_nan_steps=2)" in out
+    assert "step     7" not in out and 7 not in runs["multinode"]
+
+
+def test_wandb_offline_run_id_is_stable_and_no_secret_is_written(runs):
+    run_dir = runs["dirs"]["2-proc FSDP"]
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    offline = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(offline) == 2, list((run_dir / "wandb").iterdir())  # first job + the resumed (multi-node) job
+    assert all(list(d.glob("*.wandb")) for d in offline)
+    # offline runs keep the config (the training config: no secret fields) inside the .wandb record file
+    assert any(b"objective" in p.read_bytes() for p in offline[0].rglob("*") if p.is_file())
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert FAKE_KEY.encode() not in path.read_bytes(), f"W&B key leaked into {path}"
+    for out in [*runs["out"].values(), *runs["multinode_out"]]:
+        assert FAKE_KEY not in out

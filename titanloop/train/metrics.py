@@ -77,6 +77,8 @@ class MetricsLogger:
                 f"H(p) {scalars['gate_entropy']:.3f} | rms/loop {format_vector(per_loop['hidden_rms'], '{:.2f}')} | "
                 f"gnorm {scalars['grad_norm']:.3f} | lr {scalars['lr']:.2e} | tok/s {scalars['tokens_per_s']:.0f} | "
                 f"TFLOP/s {scalars['tflops']:.3f} | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}")
+        if "jsrr" in scalars:
+            line += f" | jsrr {scalars['jsrr']:.4f}"
         if scalars.get("skipped_steps"):
             line += f" | skipped {int(scalars['skipped_steps'])}"
         comms = {k[5:]: v for k, v in scalars.items() if k.startswith("comm/")}
