@@ -9,8 +9,8 @@ from titanloop.model import LoopLM, preset
 from titanloop.parallel import apply_activation_checkpointing, apply_compile
 
 
-def _run(model, n_loops):
-    x = torch.randint(0, model.cfg.vocab_size, (2, 16))
+def _run(model, n_loops, x=None):
+    x = torch.randint(0, model.cfg.vocab_size, (2, 16)) if x is None else x
     out = model(x, n_loops)
     sum(r.float().pow(2).mean() for r in out.readouts).backward()
 
@@ -48,7 +48,7 @@ def test_loop_and_layer_activation_checkpointing_keep_gradients():
         model = LoopLM(preset("debug-tiny"))
         model.load_state_dict(ref.state_dict())
         apply_activation_checkpointing(model, mode)
-        _run(model, 3)
+        _run(model, 3, x)
         grads[mode] = [p.grad for p in model.parameters() if p.grad is not None]
         assert len(grads[mode]) > 10
     for mode in ("loop", "layer"):
