@@ -83,13 +83,19 @@ def test_bad_schedule_values():
         _build(min_lr_factor=-0.1)
 
 
-def test_batch_ramp_via_grad_accumulation():
-    seq, micro, world = 4096, 4, 8  # 131072 tokens per micro-batch round
-    ramp = BatchRamp(start_tokens=4 * 2**20, end_tokens=8 * 2**20, ramp_steps=1000)
-    assert ramp.grad_accum_at(0, micro_batch_size=micro, seq_len=seq, dp_world=world) == 32
-    assert ramp.grad_accum_at(500, micro_batch_size=micro, seq_len=seq, dp_world=world) == 48
-    assert ramp.grad_accum_at(1000, micro_batch_size=micro, seq_len=seq, dp_world=world) == 64
-    assert ramp.grad_accum_at(10**6, micro_batch_size=micro, seq_len=seq, dp_world=world) == 64
-    with pytest.raises(ConfigError, match="batch_ramp.start_tokens"):
-        BatchRamp(start_tokens=1000, end_tokens=8 * 2**20).grad_accum_at(0, micro_batch_size=micro, seq_len=seq,
-                                                                          dp_world=world)
+def test_batch_ramp_stairs_and_bounds():
+    # Ouro stage 1 at 4K sequences: 1024 -> 2048 sequences (4M -> 8M tokens) in stairs of 128
+    ramp = BatchRamp(start=1024, end=2048, ramp_steps=1000, increment=128)
+    assert ramp.batch_at(0) == 1024 and ramp.tokens_at(0, 4096) == 4 * 2**20
+    assert ramp.batch_at(124) == 1024 and ramp.batch_at(125) == 1152
+    assert ramp.batch_at(500) == 1536
+    assert ramp.batch_at(999) == 1920 and ramp.batch_at(1000) == 2048 and ramp.batch_at(10**6) == 2048
+    seq = [ramp.batch_at(s) for s in range(1200)]
+    assert all(a <= b for a, b in zip(seq, seq[1:])) and all(b % 128 == 0 for b in seq)
+    ramp.check_layout(micro_batch_size=2, dp_world=64)
+    with pytest.raises(ConfigError, match="batch_ramp_increment"):
+        ramp.check_layout(micro_batch_size=4, dp_world=64)
+    with pytest.raises(ConfigError, match="batch_ramp_increment"):
+        BatchRamp(start=1000, end=2048, ramp_steps=10, increment=128)
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        BatchRamp(start=2048, end=1024, ramp_steps=10, increment=128)

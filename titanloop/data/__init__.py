@@ -21,8 +21,11 @@ from titanloop.data.synthetic_text import SyntheticTextSource
 
 
 def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, global_batch_size: int,
-                     dp_rank: int, dp_world: int, vocab_size: int) -> PackedLoader:
-    """The loader for one data-parallel rank; the global sample sequence does not depend on dp_world."""
+                     dp_rank: int, dp_world: int, vocab_size: int, batch_schedule=None) -> PackedLoader:
+    """The loader for one data-parallel rank; the global sample sequence does not depend on dp_world.
+
+    batch_schedule: optional step (0-based) -> global batch in sequences (a batch-size ramp); the trainer
+    must run `loader.grad_accum_at(step)` micro-batches in that step."""
     require(seq_len >= 1, "seq_len", seq_len, "an integer >= 1")
     if cfg.kind == "synthetic_text":
         sources, weights = [SyntheticTextSource(seq_len, vocab_size, cfg.seed)], [1.0]
@@ -42,7 +45,7 @@ def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, gl
         weights = [s.weight for s in cfg.sources]
     return PackedLoader(sources, weights, kind=cfg.kind, seed=cfg.seed, micro_batch_size=micro_batch_size,
                         global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world=dp_world,
-                        prefetch=cfg.prefetch)
+                        prefetch=cfg.prefetch, batch_schedule=batch_schedule)
 
 
 __all__ = ["DataConfig", "SourceConfig", "build_dataloader", "PackedLoader", "ShardError", "ConfigError"]

@@ -3,6 +3,7 @@
 Global sample sequence. Optimizer step s consumes global samples [s*G, (s+1)*G) (G = global_batch_size in
 sequences); `schedule.mixture_assignments` maps each one to (source, row). Rank r of W reads the contiguous
 block [r*G/W, (r+1)*G/W) of every global batch, split into grad_accum = G / (micro_batch_size*W) micro-batches.
+With a batch schedule (the stage-1 batch ramp) G = G(s) varies by step but never by W.
 The sequence never depends on W, so `state_dict()` -- samples consumed per source at the last completed
 step -- is the same on every rank and resumes on any number of ranks without repeating or skipping a sample.
 
@@ -27,7 +28,7 @@ class PackedLoader:
     """Iterator over micro-batches for one data-parallel rank (see the module docstring for the layout)."""
 
     def __init__(self, sources, weights, *, kind: str, seed: int, micro_batch_size: int, global_batch_size: int,
-                 dp_rank: int, dp_world: int, prefetch: int = 4):
+                 dp_rank: int, dp_world: int, prefetch: int = 4, batch_schedule=None):
         require(dp_world >= 1, "dp_world", dp_world, "an integer >= 1")
         require(0 <= dp_rank < dp_world, "dp_rank", dp_rank, f"an integer in [0, {dp_world})")
         require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
@@ -40,6 +41,8 @@ class PackedLoader:
         self.micro_batch_size, self.global_batch_size = micro_batch_size, global_batch_size
         self.dp_rank, self.dp_world = dp_rank, dp_world
         self.grad_accum = global_batch_size // (micro_batch_size * dp_world)
+        # step (0-based) -> global batch in sequences; None = global_batch_size for every step
+        self.batch_schedule = batch_schedule
         self.prefetch = prefetch
         self._counts = [0] * len(self.sources)  # per-source samples consumed at the last completed step
         self._steps = 0
@@ -93,19 +96,31 @@ class PackedLoader:
             self._counts, self._steps = state_after
         return batch
 
+    def batch_at(self, step: int) -> int:
+        """Global batch (sequences) of optimizer step `step` (0-based)."""
+        return self.global_batch_size if self.batch_schedule is None else int(self.batch_schedule(step))
+
+    def grad_accum_at(self, step: int) -> int:
+        """Micro-batches this rank yields for optimizer step `step` (0-based)."""
+        g = self.batch_at(step)
+        require(g % (self.micro_batch_size * self.dp_world) == 0, "global batch", g,
+                f"a multiple of micro_batch_size*dp_world={self.micro_batch_size * self.dp_world} at step {step}")
+        return g // (self.micro_batch_size * self.dp_world)
+
     def _produce(self, counts: list[int], steps: int):
         """Yield (micro-batch, (counts, steps) after the step or None) forever, from the given global state."""
-        lo, hi = rank_slice(self.global_batch_size, self.micro_batch_size, self.dp_rank, self.dp_world)
         while True:
+            g, accum = self.batch_at(steps), self.grad_accum_at(steps)
+            lo, hi = rank_slice(g, self.micro_batch_size, self.dp_rank, self.dp_world)
             start = sum(counts)
-            picks, counts = mixture_assignments(counts, self.weights, self.global_batch_size)
+            picks, counts = mixture_assignments(counts, self.weights, g)
             steps += 1
             mine = picks[lo:hi]
-            for m in range(self.grad_accum):
+            for m in range(accum):
                 chunk = mine[m * self.micro_batch_size:(m + 1) * self.micro_batch_size]
                 rows = [self.sources[j].row(k) for j, k in chunk]
                 ids = [start + lo + m * self.micro_batch_size + i for i in range(len(chunk))]
-                last = m == self.grad_accum - 1
+                last = m == accum - 1
                 yield rows_to_batch(rows, ids), ((list(counts), steps) if last else None)
 
     def _start(self):

@@ -12,8 +12,8 @@ changed would silently follow another curve. `StagedLRSchedulers` also saves the
 to resume into a different one with a one-line error, unless `allow_schedule_change` is set, in which case
 the new shape takes over from the saved step (documented, logged).
 
-Batch: the stage-1 ramp (4M -> 8M tokens per step) is a global tokens-per-step schedule realised through
-gradient accumulation, so the per-device micro-batch stays fixed (`BatchRamp.grad_accum_at`).
+Batch: the stage-1 ramp (4M -> 8M tokens per step) is a global batch schedule realised through gradient
+accumulation, so the per-device micro-batch stays fixed (`BatchRamp`; the loader follows the same schedule).
 """
 
 from __future__ import annotations
@@ -95,30 +95,40 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, decay_ratio: fl
 
 @dataclass
 class BatchRamp:
-    """Global tokens per optimizer step, ramped linearly from `start_tokens` to `end_tokens` over `ramp_steps`
-    (constant `end_tokens` after; ramp_steps = 0 means constant). Realised as gradient-accumulation steps."""
+    """Global batch (sequences per optimizer step) ramped from `start` to `end` over `ramp_steps` steps in
+    stairs of `increment` sequences, constant `end` afterwards (Ouro stage 1: 4M -> 8M tokens).
 
-    start_tokens: int
-    end_tokens: int
-    ramp_steps: int = 0
+    The per-step batch depends only on the step, never on the world size, so the global sample sequence is
+    the same on any number of ranks (resume at another world size stays exact); the trainer realises it as
+    `batch_at(step) / (micro_batch_size * dp_world)` gradient-accumulation steps, which is why `increment`
+    must be a multiple of micro_batch_size * dp_world.
+    """
+
+    start: int
+    end: int
+    ramp_steps: int
+    increment: int
 
     def __post_init__(self):
-        require(self.start_tokens > 0, "batch_ramp.start_tokens", self.start_tokens, "a positive token count")
-        require(self.end_tokens > 0, "batch_ramp.end_tokens", self.end_tokens, "a positive token count")
-        require(self.ramp_steps >= 0, "batch_ramp.ramp_steps", self.ramp_steps, "an integer >= 0")
+        require(self.start >= 1, "training.batch_ramp_start", self.start, "a positive number of sequences")
+        require(self.end >= self.start, "training.global_batch_size", self.end,
+                f">= training.batch_ramp_start={self.start} (the ramp goes up)")
+        require(self.ramp_steps >= 1, "training.batch_ramp_steps", self.ramp_steps, "an integer >= 1")
+        require(self.increment >= 1 and self.start % self.increment == 0 and self.end % self.increment == 0,
+                "training.batch_ramp_increment", self.increment,
+                f"a positive divisor of both batch_ramp_start={self.start} and global_batch_size={self.end}")
 
-    def tokens_at(self, step: int) -> int:
-        if self.ramp_steps == 0 or step >= self.ramp_steps:
-            return self.end_tokens
-        frac = step / self.ramp_steps
-        return int(self.start_tokens + frac * (self.end_tokens - self.start_tokens))
+    def batch_at(self, step: int) -> int:
+        """Sequences in optimizer step `step` (0-based)."""
+        if step >= self.ramp_steps:
+            return self.end
+        exact = self.start + (self.end - self.start) * step / self.ramp_steps
+        return max(self.start, int(exact) // self.increment * self.increment)
 
-    def grad_accum_at(self, step: int, *, micro_batch_size: int, seq_len: int, dp_world: int) -> int:
-        """Micro-batches per rank for `step`: tokens_at(step) rounded down to whole micro-batch rounds (>= 1)."""
-        per_round = micro_batch_size * seq_len * dp_world
-        for name, tokens in (("start_tokens", self.start_tokens), ("end_tokens", self.end_tokens)):
-            if tokens % per_round:
-                raise ConfigError(
-                    f"batch_ramp.{name}={tokens} is not a multiple of micro_batch_size*seq_len*dp_world={per_round}")
-        return max(1, self.tokens_at(step) // per_round)
+    def check_layout(self, micro_batch_size: int, dp_world: int) -> None:
+        per_round = micro_batch_size * dp_world
+        require(self.increment % per_round == 0, "training.batch_ramp_increment", self.increment,
+                f"a multiple of micro_batch_size*dp_world={per_round}")
 
+    def tokens_at(self, step: int, seq_len: int) -> int:
+        return self.batch_at(step) * seq_len
