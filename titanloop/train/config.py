@@ -92,6 +92,8 @@ class TrainingSection:
     max_norm: float = 1.0  # gradient clipping (0 = off)
     seed: int = 0
     dtype: str = "auto"  # auto: bf16 parameters + fp32 reduce on GPU, fp32 on CPU
+    doc_masking: bool = True  # attend within each packed document only (masked SDPA; false: plain causal,
+    #                          which allows the flash kernels on GPU)
     max_nan_steps: int = 3  # stop after this many non-finite losses in a row (each one is skipped)
     inject_nan_steps: list = field(default_factory=list)  # testing aid: the last rank's loss is NaN at these steps
 

@@ -40,7 +40,8 @@ from torchtitan.trainer import Trainer  # noqa: E402
 
 from titanloop.data import DataConfig, build_dataloader  # noqa: E402
 from titanloop.objectives import LoopSampler  # noqa: E402
-from titanloop.parallel import count_collectives, gather_sequence, reshard_looped_layers, set_gradient_sync  # noqa: E402
+from titanloop.parallel import (count_collectives, gather_sequence, reshard_looped_layers,  # noqa: E402
+                                set_gradient_sync)
 from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes  # noqa: E402
 from titanloop.train.config import TrainConfig, mesh_degrees  # noqa: E402
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger  # noqa: E402
@@ -179,7 +180,7 @@ class LoopTrainer(Trainer):
         model = self.model_parts[0]
         input_ids = input_dict["input_ids"].to(self.device)
         labels = input_dict["labels"].to(self.device)
-        doc_ids = input_dict["doc_ids"].to(self.device)
+        doc_ids = input_dict["doc_ids"].to(self.device) if cfg.training.doc_masking else None
         self.ntokens_seen += labels.numel()
         with self.train_context():
             out = model(input_ids, n_loops, doc_ids=doc_ids)
