@@ -52,12 +52,14 @@ def test_optimizer_state_duplicated_and_prelude_untouched():
         "optimizer.state.layers.1.w.exp_avg": torch.tensor([5.0]),
         "optimizer.state.layers.0.w.step": torch.tensor(7.0),
         "optimizer.state.layers.1.w.step": torch.tensor(7.0),
+        "optimizer/state.layers.1.w.exp_avg_sq": torch.tensor(3.0),  # titanloop.checkpoint's DCP key style
     }
     out = upcycle_state_dict(sd, "interleave")
     assert count_layers(out) == 4
     assert out["model.layers.3.w"].item() == 2.0 and out["model.layers.2.w"].item() == 2.0
     assert out["optimizer.state.layers.2.w.exp_avg"].item() == 5.0
     assert out["optimizer.state.layers.3.w.exp_avg"].item() == 5.0
+    assert out["optimizer/state.layers.3.w.exp_avg_sq"].item() == 3.0
     assert out["model.prelude.0.w"].item() == 9.0 and "model.prelude.1.w" not in out
     out["model.layers.2.w"] += 1  # copies, not aliases
     assert out["model.layers.3.w"].item() == 2.0

@@ -6,14 +6,18 @@ Two orders (choose with `order`):
                closest to the function the checkpoint already computes.
 - "interleave" new stack = [1,1,2,2,...,L,L]: each layer is immediately followed by its copy.
 
-Works on any flat state dict whose looped-layer keys contain `layers.<i>.` (model weights, and optimizer
-state flattened the way torch.distributed.checkpoint stores it, e.g. `optimizer.state.layers.3.mlp...exp_avg`):
+Works on any flat state dict whose looped-layer keys contain `layers.<i>.` after a `.` or `/` (model weights,
+and optimizer state flattened the way torch.distributed.checkpoint stores it, e.g.
+`optimizer/state.layers.3.mlp...exp_avg`):
 every such key is copied to the new indices; everything else (embeddings, norms, gate, LM head, prelude/coda
 layers, which are named `prelude.<i>` / `coda.<i>`) is kept as is. Optimizer moments are duplicated with their
 layer, so Adam continues from the same per-parameter statistics; pass drop_optimizer=True to reset instead.
 
-Entry points: `upcycle_state_dict` (in memory), `upcycle_hf_dir` (an exported Ouro HF directory),
-`upcycle_dcp` (a DCP checkpoint directory), and the CLI `python -m titanloop.recipe.upcycle`.
+Entry points: `upcycle_state_dict` (in memory), `upcycle_model`, `upcycle_hf_dir` (an Ouro HF directory, or a
+titanloop training checkpoint, written out as an Ouro HF directory), `upcycle_dcp` (a plain DCP directory:
+weights and optimizer moments duplicated), and the CLI `python -m titanloop.recipe.upcycle`.
+In a staged run, `[stage] upcycle = "stack"` does the same in memory when the stage starts (titanloop.recipe.stages);
+there the optimizer starts fresh for the 2L-layer stack.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from titanloop.config_errors import ConfigError, require_choice
 
 ORDERS = ("stack", "interleave")
-_LAYER_KEY = re.compile(r"(^|\.)layers\.(\d+)\.")
+_LAYER_KEY = re.compile(r"(^|[./])layers\.(\d+)\.")
 
 
 def new_layer_sources(n_layers: int, order: str) -> list[int]:
@@ -83,13 +87,14 @@ def upcycle_model(model, order: str = "stack"):
 
 
 def upcycle_hf_dir(src: str | Path, dst: str | Path, order: str = "stack") -> Path:
-    """Exported Ouro HF directory with L layers -> a new directory with 2L layers."""
-    from titanloop.interchange.ouro_hf import export_ouro_hf, import_ouro_hf
+    """An Ouro HF directory or a titanloop training checkpoint (L layers) -> an Ouro HF directory with 2L."""
+    from titanloop.eval.loading import load_model
+    from titanloop.interchange.ouro_hf import export_ouro_hf
 
     dst = Path(dst)
     if dst.exists() and any(dst.iterdir()):
         raise ConfigError(f"upcycle: destination {dst} exists and is not empty; choose a new directory")
-    model = import_ouro_hf(src)
+    model = load_model(src)
     export_ouro_hf(upcycle_model(model, order), dst)
     return dst
 
@@ -128,7 +133,9 @@ def main(argv=None) -> int:
         prog="python -m titanloop.recipe.upcycle",
         description="Duplicate the looped layers of a checkpoint (L -> 2L layers), as Ouro's 2.6B fork does "
                     "(24 -> 48). Works on an exported Ouro HF directory or a DCP checkpoint directory.")
-    p.add_argument("src", help="source: Ouro HF directory (config.json) or DCP checkpoint directory (.metadata)")
+    p.add_argument("src", help="source: an Ouro HF directory (config.json), a titanloop training checkpoint "
+                               "(step-N dir or the checkpoints folder with `latest`; written out as an Ouro HF "
+                               "directory), or a plain DCP directory (.metadata; written out as DCP)")
     p.add_argument("dst", help="new directory to write (must not exist or be empty)")
     p.add_argument("--order", choices=ORDERS, default="stack",
                    help="stack = [1..L,1..L] (default), interleave = [1,1,2,2,...]")
@@ -137,7 +144,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     src = Path(a.src)
     try:
-        if (src / "config.json").is_file():
+        if (src / "config.json").is_file() or (src / "latest").is_file() or (src / "titanloop.json").is_file():
             out = upcycle_hf_dir(src, a.dst, a.order)
         elif (src / ".metadata").is_file():
             out = upcycle_dcp(src, a.dst, a.order, a.drop_optimizer)
