@@ -45,14 +45,32 @@ def main(argv: list[str] | None = None) -> int:
 
     from titanloop.train.trainer import LoopTrainer
 
-    trainer = LoopTrainer(cfg)
+    def report(e: ConfigError) -> None:
+        # Problems found while starting (previous-stage checkpoint, resume state vs config): one line, exit 2.
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
+
+    try:
+        trainer = LoopTrainer(cfg)
+    except ConfigError as e:
+        report(e)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return 2
+    error = None
     try:
         trainer.train()
+    except ConfigError as e:
+        error = e
     finally:
         trainer.close()
         stopped_on_nan = trainer.nan_streak >= cfg.training.max_nan_steps
+        if error is not None:
+            report(error)
         if dist.is_initialized():
             dist.destroy_process_group()
+    if error is not None:
+        return 2
     if stopped_on_nan:
         if trainer.rank == 0:
             print(f"error: stopped at step {trainer.step} after {trainer.nan_streak} non-finite losses in a row "

@@ -1,5 +1,6 @@
-"""The training config: one TOML file with ten sections, every field overridable on the command line.
+"""The training config: one TOML file with eleven sections, every field overridable on the command line.
 
+    [stage]          name, init_from (previous stage's checkpoint), upcycle, keep_optimizer (titanloop.recipe.stages)
     [model]          preset + any LoopLMConfig field              (titanloop.model.config)
     [objective]      ObjectiveConfig: stage1 | stage2_gate | dense | final_only, β, scale penalty, JSRR
     [loop_sampler]   LoopSamplerConfig: loops per step, fixed or sampled (same on every rank)
@@ -8,7 +9,7 @@
     [training]       steps, batch sizes, sequence length, clipping, dtype, NaN policy, run directory
     [parallelism]    data-parallel (FSDP2) and tensor-parallel degrees, FSDP resharding, AC, compile
     [data]           titanloop.data.DataConfig fields (kind = synthetic_text | synthetic_task | mds | webdataset)
-    [checkpoint]     periodic DCP checkpoints in <run_dir>/checkpoint
+    [checkpoint]     periodic DCP checkpoints in <run_dir>/checkpoints
     [metrics]        stdout and W&B logging
 
 `load_config(path, ["--training.steps", "10", ...])` reads the file, applies the overrides and validates
@@ -30,6 +31,7 @@ from pathlib import Path
 from titanloop.config_errors import ConfigError, require, require_choice
 from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
+from titanloop.recipe.stages import StageSection
 
 DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("off", "online", "offline")
@@ -73,6 +75,7 @@ class LRSchedulerSection:
     decay_ratio: float | None = None  # None: decay right after warmup; 0.0: constant after warmup
     decay_type: str = "linear"  # linear | sqrt | cosine
     min_lr_factor: float = 0.0
+    allow_schedule_change: bool = False  # resume even if the schedule differs from the checkpoint's (else refused)
 
     def validate(self):
         require(self.warmup_steps >= 0, "lr_scheduler.warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -95,6 +98,11 @@ class TrainingSection:
     doc_masking: bool = True  # attend within each packed document only (masked SDPA; false: plain causal,
     #                          which allows the flash kernels on GPU)
     max_nan_steps: int = 3  # stop after this many non-finite losses in a row (each one is skipped)
+    # Batch-size ramp (Ouro stage 1: 4M -> 8M tokens): global batch in sequences from batch_ramp_start to
+    # global_batch_size over batch_ramp_steps steps, in stairs of batch_ramp_increment (titanloop.recipe.schedules)
+    batch_ramp_start: int = 0  # 0 = no ramp
+    batch_ramp_steps: int = 0
+    batch_ramp_increment: int = 0  # 0 = batch_ramp_start
     inject_nan_steps: list = field(default_factory=list)  # testing aid: the last rank's loss is NaN at these steps
 
     def validate(self):
@@ -106,6 +114,16 @@ class TrainingSection:
         require(self.max_norm >= 0, "training.max_norm", self.max_norm, "a value >= 0 (0 disables clipping)")
         require_choice(self.dtype, "training.dtype", DTYPES)
         require(self.max_nan_steps >= 1, "training.max_nan_steps", self.max_nan_steps, "an integer >= 1")
+        self.batch_ramp()  # validates the ramp fields
+
+    def batch_ramp(self):
+        """The BatchRamp of this config, or None without a ramp."""
+        if self.batch_ramp_start == 0:
+            return None
+        from titanloop.recipe.schedules import BatchRamp
+
+        return BatchRamp(start=self.batch_ramp_start, end=self.global_batch_size, ramp_steps=self.batch_ramp_steps,
+                         increment=self.batch_ramp_increment or self.batch_ramp_start)
 
 
 @dataclass
@@ -160,6 +178,7 @@ class MetricsSection:
 
 @dataclass
 class TrainConfig:
+    stage: StageSection = field(default_factory=StageSection)
     model: ModelSection = field(default_factory=ModelSection)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     loop_sampler: LoopSamplerConfig = field(default_factory=LoopSamplerConfig)
@@ -312,6 +331,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             raise ConfigError(f"config entry {section!r} must be a [section] table")
 
     cfg = TrainConfig(
+        stage=_build_section("stage", StageSection, raw.get("stage", {})),
         model=_build_model(raw.get("model", {})),
         objective=_build_section("objective", ObjectiveConfig, raw.get("objective", {})),
         loop_sampler=_build_section("loop_sampler", LoopSamplerConfig, raw.get("loop_sampler", {})),
@@ -324,7 +344,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         metrics=_build_section("metrics", MetricsSection, raw.get("metrics", {})),
         source=str(path) if path is not None else None,
     )
-    for section in (cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.checkpoint, cfg.metrics):
+    for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.checkpoint, cfg.metrics):
         section.validate()
     validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
     return cfg
@@ -359,6 +379,9 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     require(t.global_batch_size % (t.micro_batch_size * dp) == 0, "training.global_batch_size", t.global_batch_size,
             f"a multiple of micro_batch_size * dp = {t.micro_batch_size} * {dp}")
     require(t.seq_len <= m.max_seq_len, "training.seq_len", t.seq_len, f"<= model.max_seq_len={m.max_seq_len}")
+    ramp = t.batch_ramp()
+    if ramp is not None:
+        ramp.check_layout(t.micro_batch_size, dp)
     max_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
     if m.per_loop_norm:
         require(max_loops <= m.max_loops, "loop_sampler.max_loops", max_loops,

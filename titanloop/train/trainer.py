@@ -26,12 +26,13 @@ DEVICE_TYPE = use_cpu_if_no_gpu()  # must run before the torchtitan imports belo
 
 import math  # noqa: E402
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
-from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer  # noqa: E402
+from torchtitan.components.optimizer import OptimizersContainer  # noqa: E402
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig  # noqa: E402
 from torchtitan.config.configs import CommConfig, ParallelismConfig, TrainingConfig  # noqa: E402
 from torchtitan.distributed import utils as dist_utils  # noqa: E402
@@ -40,6 +41,8 @@ from torchtitan.trainer import Trainer  # noqa: E402
 
 from titanloop.data import DataConfig, build_dataloader  # noqa: E402
 from titanloop.objectives import LoopSampler  # noqa: E402
+from titanloop.recipe import stages  # noqa: E402
+from titanloop.recipe.schedules import StagedLRSchedulers  # noqa: E402
 from titanloop.parallel import (count_collectives, gather_sequence, reshard_looped_layers,  # noqa: E402
                                 set_gradient_sync)
 from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes  # noqa: E402
@@ -70,7 +73,8 @@ def torchtitan_config(cfg: TrainConfig, world_size: int) -> Trainer.Config:
                 "weight_decay": cfg.optimizer.weight_decay, "eps": cfg.optimizer.eps})],
             # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
             implementation="for-loop" if tp > 1 else "foreach"),
-        lr_scheduler=LRSchedulersContainer.Config(
+        lr_scheduler=StagedLRSchedulers.Config(
+            allow_schedule_change=cfg.lr_scheduler.allow_schedule_change,
             warmup_steps=cfg.lr_scheduler.warmup_steps, decay_ratio=cfg.lr_scheduler.decay_ratio,
             decay_type=cfg.lr_scheduler.decay_type, min_lr_factor=cfg.lr_scheduler.min_lr_factor),
         checkpoint=CheckpointManager.Config(enable=cfg.checkpoint.enable, folder="checkpoint",
@@ -98,7 +102,7 @@ def build_checkpointer(trainer: "LoopTrainer"):
     states = {"model": trainer.model_parts[0], "optimizer": trainer.optimizers,
               "lr_scheduler": trainer.lr_schedulers, "dataloader": trainer.dataloader, "train_state": trainer}
     checkpointer = Checkpointer(cfg, trainer.loop_cfg.training.run_dir, states, config=trainer.loop_cfg.to_dict(),
-                                stage=os.environ.get("TITANLOOP_STAGE"))
+                                stage=trainer.loop_cfg.stage.name or os.environ.get("TITANLOOP_STAGE"))
     monitor = PreemptionMonitor(c.preemption_signals, slurm_time_margin_s=c.slurm_time_margin_s)
     return TrainerCheckpointer(checkpointer, monitor)
 
@@ -126,6 +130,11 @@ class LoopTrainer(Trainer):
         if cfg.objective.name == "stage2_gate":  # ouro §3.4: the LM is frozen, only the exit gate learns
             for name, p in model.named_parameters():
                 p.requires_grad_(name.startswith("early_exit_gate."))
+        # A new stage of a staged recipe starts from the previous stage's weights (titanloop.recipe.stages),
+        # unless this run dir already has checkpoints of its own (then the usual auto-resume applies).
+        self.stage_init = bool(cfg.stage.init_from) and not self._run_dir_has_checkpoint()
+        if self.stage_init:
+            stages.init_model_from_previous_stage(model, cfg.stage)
         self.model_config = model_spec.model
         self.n_params, _ = model_spec.model.get_nparams_and_flops(model, cfg.training.seq_len)
         param_dtype = self._param_dtype()
@@ -140,16 +149,20 @@ class LoopTrainer(Trainer):
 
         self.optimizers = config.optimizer.build(model_parts=self.model_parts)
         self.lr_schedulers = config.lr_scheduler.build(optimizers=self.optimizers, training_steps=cfg.training.steps)
+        if self.stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):
+            stages.load_previous_stage_optimizer(cfg.stage, self.optimizers, self.lr_schedulers)
         self.step, self.ntokens_seen = 0, 0
         self.nan_streak, self.skipped_steps = 0, 0
         self.loop_sampler = LoopSampler(cfg.loop_sampler)
 
         t = cfg.training
-        self.gradient_accumulation_steps = t.global_batch_size // (t.micro_batch_size * self.dp_world)
+        self.batch_ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
         self.dataloader = build_dataloader(DataConfig.from_dict(cfg.data), seq_len=t.seq_len,
                                            micro_batch_size=t.micro_batch_size,
                                            global_batch_size=t.global_batch_size, dp_rank=self.dp_rank,
-                                           dp_world=self.dp_world, vocab_size=cfg.looplm.vocab_size)
+                                           dp_world=self.dp_world, vocab_size=cfg.looplm.vocab_size,
+                                           batch_schedule=self.batch_ramp.batch_at if self.batch_ramp else None)
+        self.gradient_accumulation_steps = self.dataloader.grad_accum_at(0)
         self.checkpointer = build_checkpointer(self)
         self.train_context = dist_utils.get_spmd_context(parallel_dims=pdims)
         self.metrics = MetricsLogger(cfg.metrics, t.run_dir, self.rank, cfg.to_dict())
@@ -160,6 +173,12 @@ class LoopTrainer(Trainer):
                   f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
                   f"{self.gradient_accumulation_steps} | objective {cfg.objective.name} | loops "
                   f"{cfg.loop_sampler.kind}", flush=True)
+
+    def _run_dir_has_checkpoint(self) -> bool:
+        from titanloop.checkpoint import CheckpointConfig, layout
+
+        root = Path(self.loop_cfg.training.run_dir) / CheckpointConfig.folder
+        return self.loop_cfg.checkpoint.enable and layout.latest_step(root) is not None
 
     def _param_dtype(self) -> torch.dtype:
         dtype = self.loop_cfg.training.dtype
@@ -230,7 +249,7 @@ class LoopTrainer(Trainer):
         n_loops = self.loop_sampler(self.step)
         self.optimizers.zero_grad()
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
-        accum = self.gradient_accumulation_steps
+        accum = self.dataloader.grad_accum_at(self.step - 1)  # self.step is 1-based inside train_step
         loss_sum, stats_sum = torch.zeros((), device=self.device), None
         for i in range(accum):
             set_gradient_sync(model, last_micro_batch=(i == accum - 1))
@@ -273,7 +292,7 @@ class LoopTrainer(Trainer):
             per_loop[k] = packed[offset:offset + n].tolist()
             offset += n
         seconds = time.perf_counter() - start
-        tokens = cfg.training.global_batch_size * cfg.training.seq_len
+        tokens = self.dataloader.batch_at(self.step - 1) * cfg.training.seq_len
         flops = cfg.looplm.flops_per_token(cfg.training.seq_len, n_loops=n_loops) * tokens / seconds
         scalars = {"loss": loss_value, "n_loops": n_loops, "gate_entropy": per_loop.pop("gate_entropy")[0],
                    "grad_norm": float(grad_norm), "lr": lr, "tokens_per_s": tokens / seconds,
