@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import MiB, peak_memory, time_repeated  # noqa: E402
+from benchmarks.common import MiB, emit, peak_memory, time_repeated  # noqa: E402
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 from titanloop.objectives import per_loop_cross_entropy, stage1_loss  # noqa: E402
 
@@ -90,9 +89,7 @@ def main(argv=None) -> int:
     if any(t < 1 for t in a.loops):
         p.error(f"--loops {a.loops}: every loop count must be >= 1")
     res = run(tuple(a.loops), a.layers, a.hidden, a.vocab, a.seq_len, a.batch, repeats=a.repeats)
-    print_table(res)
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=2))
+    emit(res, print_table, a.out)
     return 0
 
 

@@ -87,3 +87,13 @@ def time_repeated(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats
 def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 5) -> dict:
     """time_repeated for a single function."""
     return time_repeated({"fn": fn}, warmup, repeats)["fn"]
+
+
+def emit(result: dict, print_table: Callable[[dict], None], out=None) -> None:
+    """Print a benchmark's table and, if `out` is given, write its result as JSON there."""
+    import json
+    from pathlib import Path
+
+    print_table(result)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2))

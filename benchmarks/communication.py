@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import emit  # noqa: E402
 from titanloop.model.config import preset  # noqa: E402
 
 LAYOUTS = [
@@ -84,9 +85,7 @@ def main(argv=None) -> int:
     if a.steps < 2:
         p.error(f"--steps={a.steps}: need at least 2 (the first step includes warm-up collectives)")
     res = run(a.steps)
-    print_table(res)
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=2))
+    emit(res, print_table, a.out)
     return 0
 
 

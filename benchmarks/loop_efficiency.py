@@ -12,7 +12,6 @@ loops and every decoded readout) x tokens / median step time; the ratio loop/den
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import time_repeated  # noqa: E402
+from benchmarks.common import emit, time_repeated  # noqa: E402
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 from titanloop.objectives import per_loop_cross_entropy, scale_penalty, stage1_loss  # noqa: E402
 
@@ -94,9 +93,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     res = run(a.layers, a.loops, a.hidden, 4, a.vocab, a.seq_len, a.batch, a.warmup, a.repeats)
-    print_table(res)
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=2))
+    emit(res, print_table, a.out)
     return 0
 
 

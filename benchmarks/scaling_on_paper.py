@@ -11,12 +11,12 @@ attention). The published anchors for dense 1-3B models on H100 (llm-foundry, OL
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import emit  # noqa: E402
 from titanloop.model.config import preset  # noqa: E402
 
 H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM
@@ -64,9 +64,7 @@ def main(argv=None) -> int:
     if not 0 < a.mfu <= 1:
         p.error(f"--mfu={a.mfu} must be in (0, 1]")
     rows = run(a.mfu, a.seq_len, a.gpus, a.batch_tokens)
-    print_table(rows)
-    if a.out:
-        a.out.write_text(json.dumps({"benchmark": "scaling_on_paper", "rows": rows}, indent=2))
+    emit({"benchmark": "scaling_on_paper", "rows": rows}, lambda r: print_table(r["rows"]), a.out)
     return 0
 
 

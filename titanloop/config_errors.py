@@ -19,3 +19,14 @@ def require(ok: bool, field: str, got, allowed: str) -> None:
 
 def require_choice(value, field: str, choices) -> None:
     require(value in choices, field, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def from_dict_strict(cls, d: dict, what: str):
+    """cls(**d) for a dataclass, refusing unknown keys with one line that lists the allowed ones."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{what} has unknown key(s) {unknown}: allowed keys are {sorted(known)}")
+    return cls(**d)

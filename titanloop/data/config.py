@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.config_errors import from_dict_strict, require, require_choice
 
 KINDS = ("synthetic_text", "synthetic_task", "mds", "webdataset")
 ON_BAD_SHARD = ("error", "skip")
@@ -73,11 +73,7 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"data config has unknown key(s) {unknown}: allowed keys are {sorted(known)}")
-        return cls(**d)
+        return from_dict_strict(cls, d, "data config")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

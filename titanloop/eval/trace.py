@@ -16,7 +16,6 @@ import torch
 
 from titanloop.config_errors import require
 from titanloop.model import LoopLM
-from titanloop.model.attention import causal_mask
 
 
 @dataclass
@@ -33,15 +32,7 @@ class LoopStep:
 def rope_and_mask(model: LoopLM, input_ids: torch.Tensor, *, kv_cache=None, position_offset: int = 0,
                   doc_ids: torch.Tensor | None = None):
     """cos, sin and attention mask exactly as LoopLM.forward builds them."""
-    b, s = input_ids.shape
-    dtype = model.embed_tokens.weight.dtype
-    cos, sin = model.rope(s, input_ids.device, dtype, None, position_offset)
-    mask = None
-    if doc_ids is not None:
-        mask = causal_mask(s, s, input_ids.device, doc_ids)
-    elif kv_cache is not None and position_offset > 0 and s > 1:
-        mask = causal_mask(s, s + position_offset, input_ids.device)
-    return cos, sin, mask
+    return model.rope_and_mask(input_ids, doc_ids=doc_ids, kv_cache=kv_cache, position_offset=position_offset)
 
 
 def iter_loops(model: LoopLM, input_ids: torch.Tensor, n_loops: int, *, kv_cache=None, position_offset: int = 0,

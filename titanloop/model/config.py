@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.config_errors import ConfigError, from_dict_strict, require, require_choice
 
 READOUTS = ("norm", "raw", "final_only_norm")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
@@ -80,11 +80,7 @@ class LoopLMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoopLMConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"model config has unknown key(s) {unknown}: allowed keys are {sorted(known)}")
-        return cls(**d)
+        return from_dict_strict(cls, d, "model config")
 
     # ----- parameter and FLOP accounting -------------------------------------------------------
     def layer_params(self) -> int:

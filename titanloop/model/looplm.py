@@ -170,6 +170,18 @@ class LoopLM(nn.Module):
             positions = torch.arange(offset, offset + seq_len, device=device)
         return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)
 
+    def rope_and_mask(self, input_ids: torch.Tensor, *, doc_ids: torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0):
+        """RoPE cos/sin tables and the attention mask (None = plain causal) for one forward over input_ids."""
+        s = input_ids.shape[1]
+        cos, sin = self.rope(s, input_ids.device, self.embed_tokens.weight.dtype, positions, position_offset)
+        mask = None
+        if doc_ids is not None:
+            mask = causal_mask(s, s, input_ids.device, doc_ids)
+        elif kv_cache is not None and position_offset > 0 and s > 1:
+            mask = causal_mask(s, s + position_offset, input_ids.device)
+        return cos, sin, mask
+
     def loop_step(self, x: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
         """One application of the looped block at loop index t (0-based): x -> raw state H_{t+1}."""
         h_in = self.loop_norms[t](x) if self.loop_norms is not None else x
@@ -220,14 +232,8 @@ class LoopLM(nn.Module):
         if self.loop_norms is not None:
             require(t_total <= len(self.loop_norms), "n_loops", t_total,
                     f"<= max_loops={len(self.loop_norms)} when per_loop_norm is on")
-        b, s = input_ids.shape
-        dtype = self.embed_tokens.weight.dtype
-        cos, sin = self.rope(s, input_ids.device, dtype, positions, position_offset)
-        mask = None
-        if doc_ids is not None:
-            mask = causal_mask(s, s, input_ids.device, doc_ids)
-        elif kv_cache is not None and position_offset > 0 and s > 1:
-            mask = causal_mask(s, s + position_offset, input_ids.device)
+        cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache,
+                                            position_offset=position_offset)
 
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)

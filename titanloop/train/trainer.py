@@ -219,11 +219,7 @@ class LoopTrainer(Trainer):
     @staticmethod
     def _recurrent_map(model, input_ids, doc_ids, n_loops):
         """Φ at the last loop (the map JSRR linearizes, stars §5), closed over RoPE tables and the mask."""
-        from titanloop.model.attention import causal_mask
-
-        s = input_ids.shape[1]
-        cos, sin = model.rope(s, input_ids.device, model.embed_tokens.weight.dtype)
-        mask = causal_mask(s, s, input_ids.device, doc_ids)
+        cos, sin, mask = model.rope_and_mask(input_ids, doc_ids=doc_ids)
         t = min(n_loops, model.cfg.max_loops - 1) if model.loop_norms is not None else n_loops
         return lambda x: model.recurrent_map(x, t, cos, sin, mask)
 
