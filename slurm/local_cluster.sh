@@ -38,7 +38,7 @@ install() {
 
 write_conf() {
   local cpus mem
-  cpus="$(nproc)"
+  cpus="$(nproc --all)"  # --all: GNU nproc would honour OMP_NUM_THREADS otherwise
   mem="$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) - 1024 ))"
   mkdir -p "$CONF_DIR" "$STATE_DIR" "$SPOOL_DIR" "$LOG_DIR"
   cat > "$CONF_DIR/slurm.conf.new" <<CONF
@@ -140,7 +140,11 @@ stop() {
       for _ in $(seq 1 20); do running "$d" || break; sleep 0.5; done
     fi
   done
-  if running munged; then log "stopping munged"; pkill -x munged || true; fi
+  if running munged; then
+    log "stopping munged"
+    pkill -x munged || true
+    for _ in $(seq 1 20); do running munged || break; sleep 0.5; done
+  fi
 }
 
 status() {
