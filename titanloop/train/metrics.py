@@ -93,9 +93,19 @@ class MetricsLogger:
             for name, values in per_loop.items():
                 for t, v in enumerate(values, start=1):
                     data[f"{name}/loop_{t}"] = v
-            self.run.log(data, step=step)
+            self._wandb("log", data, step=step)
+
+    def _wandb(self, method: str, *args, **kwargs) -> None:
+        """Call the W&B run, never letting W&B stop training: on a preemption SIGTERM Slurm also kills W&B's
+        service process, and the save that follows must still happen. stdout and metrics.jsonl keep logging."""
+        try:
+            getattr(self.run, method)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any W&B failure
+            print(f"[titanloop] warning: W&B {method} failed ({type(e).__name__}: {e}); W&B logging is off for the "
+                  "rest of this run (stdout and metrics.jsonl continue)", flush=True)
+            self.run = None
 
     def close(self) -> None:
         if self.run is not None:
-            self.run.finish()
+            self._wandb("finish")
             self.run = None
