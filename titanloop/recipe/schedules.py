@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
 
 from titanloop.config_errors import ConfigError, require
+from titanloop.recipe.schedule_checks import check_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +45,7 @@ class StagedLRSchedulers(LRSchedulersContainer):
                     "min_lr_factor": float(self.min_lr_factor)}
 
         def build(self, *, optimizers, training_steps):
-            require(self.warmup_steps >= 0, "lr_scheduler.warmup_steps", self.warmup_steps, "an integer >= 0")
-            require(self.decay_ratio is None or 0 <= self.decay_ratio <= 1, "lr_scheduler.decay_ratio",
-                    self.decay_ratio, "null or a value in [0, 1]")
-            require(0 <= self.min_lr_factor <= 1, "lr_scheduler.min_lr_factor", self.min_lr_factor,
-                    "a value in [0, 1]")
-            require(self.decay_type in ("linear", "sqrt", "cosine"), "lr_scheduler.decay_type", self.decay_type,
-                    "one of 'linear', 'sqrt', 'cosine'")
+            check_schedule(self.warmup_steps, self.decay_ratio, self.decay_type, self.min_lr_factor)
             base = LRSchedulersContainer.Config.build(self, optimizers=optimizers, training_steps=training_steps)
             lam = base.schedulers[0].lr_lambdas[0]
             return StagedLRSchedulers(optimizers, lam, self.shape(training_steps), self.allow_schedule_change)

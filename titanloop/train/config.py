@@ -31,6 +31,7 @@ from pathlib import Path
 from titanloop.config_errors import ConfigError, require, require_choice
 from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
+from titanloop.recipe.schedule_checks import check_schedule
 from titanloop.recipe.stages import StageSection
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -78,11 +79,7 @@ class LRSchedulerSection:
     allow_schedule_change: bool = False  # resume even if the schedule differs from the checkpoint's (else refused)
 
     def validate(self):
-        require(self.warmup_steps >= 0, "lr_scheduler.warmup_steps", self.warmup_steps, "an integer >= 0")
-        require(self.decay_ratio is None or 0 <= self.decay_ratio <= 1, "lr_scheduler.decay_ratio",
-                self.decay_ratio, "a value in [0, 1] or absent")
-        require_choice(self.decay_type, "lr_scheduler.decay_type", ("linear", "sqrt", "cosine"))
-        require(0 <= self.min_lr_factor <= 1, "lr_scheduler.min_lr_factor", self.min_lr_factor, "a value in [0, 1]")
+        check_schedule(self.warmup_steps, self.decay_ratio, self.decay_type, self.min_lr_factor)
 
 
 @dataclass
