@@ -156,12 +156,13 @@ class LoopTrainer(Trainer):
         self.loop_sampler = LoopSampler(cfg.loop_sampler)
 
         t = cfg.training
-        self.batch_ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
+        ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
         self.dataloader = build_dataloader(DataConfig.from_dict(cfg.data), seq_len=t.seq_len,
                                            micro_batch_size=t.micro_batch_size,
                                            global_batch_size=t.global_batch_size, dp_rank=self.dp_rank,
                                            dp_world=self.dp_world, vocab_size=cfg.looplm.vocab_size,
-                                           batch_schedule=self.batch_ramp.batch_at if self.batch_ramp else None)
+                                           batch_schedule=ramp.batch_at if ramp else None)
+        # torchtitan's attribute; with a batch ramp it is the first step's value (each step asks the loader)
         self.gradient_accumulation_steps = self.dataloader.grad_accum_at(0)
         self.checkpointer = build_checkpointer(self)
         self.train_context = dist_utils.get_spmd_context(parallel_dims=pdims)
