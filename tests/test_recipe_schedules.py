@@ -99,3 +99,12 @@ def test_batch_ramp_stairs_and_bounds():
         BatchRamp(start=1000, end=2048, ramp_steps=10, increment=128)
     with pytest.raises(ConfigError, match="global_batch_size"):
         BatchRamp(start=2048, end=1024, ramp_steps=10, increment=128)
+
+
+def test_apply_lr_overrides_a_loaded_optimizer_lr():
+    """A new stage that loads the previous stage's optimizer state (whose param groups carry the old stage's
+    last LR) must train with its own schedule's LR."""
+    opt, sched = _build(total=10, warmup_steps=0, decay_ratio=0.0, decay_type="linear")
+    opt.param_groups[0]["lr"] = 6.95e-4  # what loading the previous stage's optimizer state leaves behind
+    sched.apply_lr()
+    assert opt.param_groups[0]["lr"] == pytest.approx(3e-4)

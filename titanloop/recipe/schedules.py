@@ -71,8 +71,13 @@ class StagedLRSchedulers(LRSchedulersContainer):
         super().load_state_dict({"last_epoch": state_dict["last_epoch"]})
         # torchtitan recomputes the scheduler's lr but leaves the optimizer's param groups alone (they are right
         # only if the optimizer state was restored too); set them so a reset optimizer resumes on schedule.
+        self.apply_lr()
+
+    def apply_lr(self) -> None:
+        """Put the schedule's current LR on every optimizer param group (after loading optimizer or schedule
+        state that carries another LR)."""
         for sched in self.schedulers:
-            for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
+            for group, lr in zip(sched.optimizer.param_groups, sched.get_last_lr()):
                 group["lr"] = lr
 
 

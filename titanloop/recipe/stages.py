@@ -120,6 +120,4 @@ def load_previous_stage_optimizer(stage: StageSection, optimizers, lr_schedulers
     source = Checkpointer(CheckpointConfig(enable=True, folder="."), folder, {"optimizer": optimizers})
     source.load(step)
     source.close()
-    for sched in lr_schedulers.schedulers:
-        for group, lr in zip(sched.optimizer.param_groups, sched.get_last_lr()):
-            group["lr"] = lr
+    lr_schedulers.apply_lr()
