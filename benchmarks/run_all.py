@@ -7,7 +7,9 @@ from pairs measured in the same run on this machine; absolute times are noise on
     python benchmarks/run_all.py --only loss_memory loop_efficiency
     python benchmarks/run_all.py --tiny --out /tmp/b   # smallest sizes: checks the commands run (smoke test)
 
-Results: <out>/<name>.json per benchmark and <out>/all.json; BENCHMARKS.md records the latest full run.
+Results: <out>/<name>.json per benchmark and <out>/all.json. The figures quoted in BENCHMARKS.md live in
+benchmarks/results/<name>.json (schema: benchmarks/report.py); BENCHMARKS.md is generated from them with
+`python -m benchmarks.report`.
 """
 
 from __future__ import annotations

@@ -11,11 +11,15 @@ from benchmarks import checkpoint as bench  # noqa: E402
 
 def test_checkpoint_benchmark_smoke(tmp_path, capsys):
     out = tmp_path / "ckpt.json"
-    res = bench.main(["--hidden", "64", "--layers", "1", "--vocab", "512", "--repeats", "1", "--out", str(out)])
+    res = bench.main(["--hidden", "64", "--layers", "1", "--vocab", "512", "--repeats", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    # every timed save and load is recorded, and each reported figure is the median of its own samples
     for key in ("sync_save_s", "async_stall_s", "async_publish_s", "load_s"):
-        assert res[key] > 0
-    assert res["async_publish_s"] >= res["async_stall_s"]
-    assert res["stall_ratio"] == res["async_stall_s"] / res["sync_save_s"]
-    assert res["config"]["checkpoint_bytes"] > 3 * 4 * res["config"]["params"]  # weights + 2 AdamW moments
+        assert len(res["raw"][key]) == 2 and min(res["raw"][key]) <= res[key] <= max(res["raw"][key])
+    # an async save is published only after its stall ended, save by save
+    assert all(p >= s for p, s in zip(res["raw"]["async_publish_s"], res["raw"]["async_stall_s"]))
+    assert res["meets_target"] == (res["stall_ratio"] <= res["target"])
+    # what is saved is weights + 2 AdamW moments in fp32 (+ RNG states and metadata), nothing more or less
+    n_bytes, params = res["config"]["checkpoint_bytes"], res["config"]["params"]
+    assert 3 * 4 * params < n_bytes < 3.5 * 4 * params, (n_bytes, params)
     assert "async stall / sync save" in capsys.readouterr().out
