@@ -44,7 +44,7 @@ def test_sampled_t_is_identical_on_every_rank(tmp_path):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = tmp_path / "gathered.pt"
     mp.spawn(_rank_worker, args=(2, str(tmp_path / "pg_init"), str(out)), nprocs=2, join=True)
-    gathered = torch.load(out)  # [world, kinds, steps]
+    gathered = torch.load(out, weights_only=True)  # [world, kinds, steps]
     assert gathered.shape == (2, len(KINDS), STEPS)
     assert torch.equal(gathered[0], gathered[1])
     for row in gathered[0]:

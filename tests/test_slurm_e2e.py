@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from titanloop.checkpoint.safe_reader import SafeFileSystemReader, read_dcp_metadata
+from titanloop.checkpoint.safe_reader import read_dcp_entries
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,10 +69,7 @@ def wait_done(job: str, run_dir: Path, timeout: float = 300) -> dict:
 
 def checkpoint_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a published checkpoint (model, optimizer, RNG of every rank, ...)."""
-    md = read_dcp_metadata(ckpt / ".metadata").state_dict_metadata
-    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()}
-    dcp.load(out, storage_reader=SafeFileSystemReader(ckpt), no_dist=True)
-    return out
+    return read_dcp_entries(ckpt)
 
 
 def test_sbatch_preempted_requeued_resumed_equals_uninterrupted(tmp_path):

@@ -35,7 +35,7 @@ from titanloop.checkpoint import layout
 from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.checkpoint.errors import CheckpointError
 from titanloop.checkpoint.preemption import collective_device
-from titanloop.checkpoint.safe_reader import SafeFileSystemReader, read_dcp_metadata
+from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
 from titanloop.checkpoint.state import (ModelState, OptimizerState, join_state, restore_rng_state,
                                         rng_state_tensors, split_state, tensor_paths)
 
@@ -251,7 +251,7 @@ class Checkpointer:
             for path in metadata:
                 if path.startswith(rng_prefix):
                     targets[path] = self._target(path, None, metadata, ckpt)
-        dcp.load(targets, storage_reader=SafeFileSystemReader(ckpt))
+        load_dcp(targets, ckpt)
 
         for name, obj in self.states.items():
             loaded = join_state(manifest["states"][name], targets)
@@ -272,9 +272,12 @@ class Checkpointer:
     def _target(path: str, live: torch.Tensor | None, metadata: dict, ckpt: Path) -> torch.Tensor:
         """The tensor DCP loads `path` into: the live one (in place, keeps sharding) or a fresh one."""
         md = metadata.get(path)
-        if md is None or not hasattr(md, "size"):
+        if md is None:
             raise CheckpointError(f"checkpoint {ckpt} is inconsistent: tensor {path!r} is listed in "
                                   f"{layout.MANIFEST} but not in .metadata")
+        if not hasattr(md, "size"):  # titanloop saves only tensors to DCP: a pickled entry is never read
+            raise CheckpointError(f"checkpoint {ckpt} stores {path!r} as a non-tensor (pickled) entry where a tensor "
+                                  "is expected: refusing to load it")
         if live is None:
             return torch.empty(md.size, dtype=md.properties.dtype)
         if tuple(live.shape) != tuple(md.size):

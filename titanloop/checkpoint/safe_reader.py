@@ -1,19 +1,31 @@
-"""A DCP FileSystemReader whose `.metadata` unpickler only builds DCP metadata classes.
+"""Loading a DCP checkpoint without executing anything it contains: the one way titanloop reads DCP.
 
-DCP stores its metadata with pickle, and a pickle can run arbitrary code when loaded. This reader allows
-only the classes a DCP metadata file consists of (dataclasses from torch.distributed.checkpoint, torch.Size,
-dtypes/layouts, paths); anything else is refused with a one-line CheckpointError. Tensor data is read as raw
-bytes by DCP itself; titanloop stores no pickled objects (see state.py).
+DCP pickles two things, and a pickle can run arbitrary code when loaded:
+- the `.metadata` file: read here by an unpickler that only builds the classes a DCP metadata file consists
+  of (dataclasses from torch.distributed.checkpoint, torch.Size, dtypes/layouts, paths);
+- non-tensor entries (python values saved with `torch.save`): DCP's default planner reads them with
+  `torch.load(weights_only=False)`; SafeLoadPlanner reads them with `weights_only=True` (numbers, strings,
+  containers, tensors only).
+Anything else is refused with a one-line CheckpointError naming the file or entry. Tensor data is raw bytes.
+titanloop itself stores no pickled objects (see state.py).
+
+    load_dcp(state, path)           # in place, like dcp.load, through SafeFileSystemReader + SafeLoadPlanner
+    read_dcp_entries(path)          # every entry of a plain DCP directory as a flat dict (no process group)
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import ReadItem
 
 from titanloop.checkpoint.errors import CheckpointError
 
@@ -59,3 +71,39 @@ class SafeFileSystemReader(FileSystemReader):
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that non-tensor entries are unpickled with weights_only=True."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - an UnpicklingError for anything but plain data
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"checkpoint entry {fqn!r} is not plain data, refusing to load it ({reason})") from None
+        if self.flatten_state_dict:  # where DefaultLoadPlanner.load_bytes puts it
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+def load_dcp(state: dict, path, *, no_dist: bool = False) -> None:
+    """dcp.load(state) from directory `path`, safely (see the module docstring); CheckpointError if refused."""
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(), no_dist=no_dist)
+    except CheckpointException as e:  # DCP wraps errors raised on any rank: surface ours as they are
+        for exc in (f[0] if isinstance(f, tuple) else f for f in e.failures.values()):
+            if isinstance(exc, CheckpointError):
+                raise exc from None
+        raise
+
+
+def read_dcp_entries(path) -> dict:
+    """Every entry of a plain DCP directory (tensors and plain data) as a flat {key: value} dict."""
+    metadata = read_dcp_metadata(Path(path) / ".metadata").state_dict_metadata
+    state = {k: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
+             for k, md in metadata.items()}
+    load_dcp(state, path, no_dist=True)
+    return state

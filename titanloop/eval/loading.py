@@ -49,10 +49,10 @@ def _model_config_from_manifest(manifest: dict, ckpt: Path) -> LoopLMConfig:
 
 def _load_dcp(path: Path, device, dtype) -> LoopLM:
     """Model weights of a titanloop.checkpoint DCP checkpoint (a step dir, or a folder whose `latest` names one)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from titanloop.checkpoint import layout
-    from titanloop.checkpoint.safe_reader import SafeFileSystemReader, read_dcp_metadata
+    from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
 
     if not (path / ".metadata").is_file():
         step = layout.latest_step(path)
@@ -74,7 +74,11 @@ def _load_dcp(path: Path, device, dtype) -> LoopLM:
     if missing:
         raise ConfigError(f"checkpoint {str(path)!r} lacks model tensor {missing[0]!r} ({len(missing)} missing): "
                           "it does not hold a LoopLM of the stored config")
-    dcp.load(targets, storage_reader=SafeFileSystemReader(path))
+    not_tensors = sorted(k for k in targets if not isinstance(stored[k], TensorStorageMetadata))
+    if not_tensors:
+        raise ConfigError(f"checkpoint {str(path)!r} stores {not_tensors[0]!r} as a non-tensor entry, not as a "
+                          "tensor: it is not a titanloop training checkpoint (refusing to load it)")
+    load_dcp(targets, path)
     model.load_state_dict({k[len("model/"):]: v for k, v in targets.items()}, strict=not model.cfg.tie_embeddings)
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 

@@ -103,25 +103,16 @@ def upcycle_dcp(src: str | Path, dst: str | Path, order: str = "stack", drop_opt
     """A DCP checkpoint directory -> a new DCP directory with the looped stack duplicated (no process group
     needed; the output reshards on load like any DCP checkpoint)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from titanloop.checkpoint.safe_reader import read_dcp_entries
 
     src, dst = Path(src), Path(dst)
     if not (src / ".metadata").is_file():
         raise ConfigError(f"upcycle: {src} is not a DCP checkpoint (no .metadata file)")
     if dst.exists() and any(dst.iterdir()):
         raise ConfigError(f"upcycle: destination {dst} exists and is not empty; choose a new directory")
-    meta = dcp.FileSystemReader(str(src)).read_metadata()
-    state = {}
-    for key, md in meta.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            state[key] = torch.empty(md.size, dtype=md.properties.dtype)
-    dcp.load(state, checkpoint_id=str(src), no_dist=True)
-    # Non-tensor entries (python scalars, strings) are stored as bytes; load them too.
-    others = {k: None for k, md in meta.state_dict_metadata.items() if not isinstance(md, TensorStorageMetadata)}
-    if others:
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-        state.update(_load_state_dict_from_keys(set(others), checkpoint_id=str(src)))
+    # tensors and plain-data entries (numbers, strings), read without executing anything the files contain
+    state = read_dcp_entries(src)
     new_state = upcycle_state_dict(state, order, drop_optimizer)
     dst.mkdir(parents=True, exist_ok=True)
     dcp.save(new_state, checkpoint_id=str(dst), no_dist=True)
