@@ -1,0 +1,194 @@
+"""Ouroboros retrofit (titanloop.retrofit): import exactness vs the truncated HF model, SVD bases vs numpy,
+zero-init identity, low-rank application vs materialized weights, pooling causality, export round trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from titanloop.config_errors import ConfigError
+from titanloop.retrofit import TARGETS, RetrofitConfig
+from titanloop.retrofit.controller import mean_pool
+from titanloop.retrofit.hf_import import load_retrofit
+
+L = 6  # dense layers of the tiny checkpoints
+SPLIT = dict(n_prelude=2, recurrent_layer=3, n_coda=1)  # removes layers 2 and 4
+
+
+def _save_tiny(path, kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0 if kind == "qwen2" else 1)
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=L, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=True, attention_bias=True, mlp_bias=True))
+    with torch.no_grad():  # every weight and bias random (HF zero-inits biases, norms are ones)
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 and p.numel() == 32 else 0.0))
+    model.save_pretrained(path)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def dense(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return path, _save_tiny(path, request.param)
+
+
+def _truncated(model, kept):
+    model.model.layers = torch.nn.ModuleList(model.model.layers[i] for i in kept)
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = i
+    model.config.num_hidden_layers = len(kept)
+    if hasattr(model.config, "layer_types"):
+        model.config.layer_types = [model.config.layer_types[i] for i in kept]
+    return model
+
+
+def _cfg(path, **kw):
+    base = dict(hf_path=str(path), **SPLIT, lora_rank=4, style_dim=8, max_loops=4)
+    return RetrofitConfig(**{**base, **kw})
+
+
+def _randomize(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+
+
+def test_import_matches_truncated_hf_model(dense):
+    path, hf = dense
+    cfg = _cfg(path, modulation="none", gated_recurrence=False, step_norm=False, n_loops=1)
+    model = load_retrofit(cfg).eval()
+    ids = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(0))
+    import copy
+
+    ref_model = _truncated(copy.deepcopy(hf), cfg.kept_layers(L))
+    with torch.no_grad():
+        ref = ref_model(ids).logits
+        full = hf(ids).logits
+        out = model(ids, return_logits="last").logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert (out - full).abs().max() > 1e-2  # the truncation is real: the full model differs
+    trainable, frozen = model.param_counts()
+    assert trainable == 0 and frozen == sum(p.numel() for p in ref_model.parameters())
+
+
+def test_svd_bases_match_numpy(dense):
+    path, hf = dense
+    cfg = _cfg(path, modulation="static", lora_rank=5)
+    model = load_retrofit(cfg)
+    sd = {k: v.double().numpy() for k, v in hf.state_dict().items()}
+    removed = cfg.removed_layers(L)
+    assert removed == [2, 4]
+    for k in TARGETS:
+        sub = "self_attn" if k in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        w = lambda i: sd[f"model.layers.{i}.{sub}.{k}.weight"]  # noqa: E731
+        delta = np.mean([w(i) - w(3) for i in removed], axis=0)
+        u, s, vt = np.linalg.svd(delta, full_matrices=False)
+        a = getattr(model.lora, f"{k}_A").double().numpy()
+        b = getattr(model.lora, f"{k}_B").double().numpy()
+        np.testing.assert_allclose(b @ a, (u[:, :5] * s[:5]) @ vt[:5], atol=1e-5)  # the rank-5 truncation
+        np.testing.assert_allclose(np.linalg.norm(b, axis=0), s[:5], rtol=1e-5)  # B = U_r S_r
+        np.testing.assert_allclose(a @ a.T, np.eye(5), atol=1e-5)  # A = V_r^T has orthonormal rows
+        assert not getattr(model.lora, f"{k}_A").requires_grad
+
+
+@pytest.mark.parametrize("modulation", ["controller", "static"])
+def test_zero_init_changes_nothing_then_training_does(dense, modulation):
+    path, _ = dense
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    plain = load_retrofit(_cfg(path, modulation="none", n_loops=3)).eval()
+    model = load_retrofit(_cfg(path, modulation=modulation, n_loops=3)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, return_logits="last").logits, plain(ids, return_logits="last").logits,
+                                   rtol=0, atol=0)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.split(".")[0] in ("modulation", "recurrence_gate", "step_norms") for n in trainable)
+    _randomize(model.modulation)
+    with torch.no_grad():
+        assert (model(ids, return_logits="last").logits - plain(ids, return_logits="last").logits).abs().max() > 1e-3
+
+
+def test_low_rank_application_equals_materialized_weights(dense):
+    """Sequence pooling, one sample: the modulated layer equals the layer with W_k + (α/r) B diag(δ) A."""
+    path, _ = dense
+    kw = dict(gated_recurrence=False, step_norm=False, n_loops=1)
+    model = load_retrofit(_cfg(path, modulation="controller", pooling="sequence", **kw)).eval()
+    _randomize(model.modulation)
+    dense_model = load_retrofit(_cfg(path, modulation="none", **kw)).eval()
+    ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        x = model.embed_tokens(ids)
+        cos, sin, _ = model.rope_and_mask(ids)
+        for layer in model.prelude:
+            x = layer(x, cos, sin)
+        deltas = model.modulation(x, 0)
+        layer = dense_model.layers[0]
+        for k in TARGETS:
+            sub = layer.self_attn if k in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
+            getattr(sub, k).weight += model.lora.delta_weight(k, deltas[k].view(-1), model.rcfg.lora_scale)
+        torch.testing.assert_close(model(ids, return_logits="last").logits,
+                                   dense_model(ids, return_logits="last").logits, rtol=1e-4, atol=1e-4)
+
+
+def test_low_rank_per_token_delta(dense):
+    """Causal pooling gives each token its own δ: the low-rank form equals (W + ΔW(δ_i)) x_i per token."""
+    path, _ = dense
+    model = load_retrofit(_cfg(path, modulation="controller", pooling="causal"))
+    x = torch.randn(1, 7, 32, dtype=torch.float64)
+    deltas = {k: torch.randn(1, 7, 4, dtype=torch.float64) for k in TARGETS}
+    model.double()
+    proj = model.lora.modulated(deltas, model.rcfg.lora_scale)
+    lin = model.layers[0].self_attn.q_proj
+    y = proj(lin, "q_proj", x)
+    for i in range(7):
+        w = lin.weight + model.lora.delta_weight("q_proj", deltas["q_proj"][0, i], model.rcfg.lora_scale)
+        torch.testing.assert_close(y[0, i], w @ x[0, i] + lin.bias)
+
+
+def test_mean_pool_causal_and_documents():
+    x = torch.randn(2, 9, 3)
+    doc = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2], [5, 5, 5, 5, 5, 5, 5, 5, 5]])
+    causal = mean_pool(x, doc, causal=True)
+    seq = mean_pool(x, doc, causal=False)
+    for b in range(2):
+        for i in range(9):
+            same = (doc[b] == doc[b, i]).nonzero().view(-1)
+            prefix = same[same <= i]
+            torch.testing.assert_close(causal[b, i], x[b, prefix].mean(0))
+            torch.testing.assert_close(seq[b, i], x[b, same].mean(0))
+    torch.testing.assert_close(mean_pool(x, None, causal=True)[:, -1], x.mean(1))
+
+
+@pytest.mark.parametrize("pooling", ["causal", "sequence"])
+def test_pooling_future_tokens(dense, pooling):
+    """Causal pooling: logits at positions <= i do not depend on later tokens; whole-sequence pooling: they do."""
+    path, _ = dense
+    model = load_retrofit(_cfg(path, modulation="controller", pooling=pooling, n_loops=2)).eval()
+    _randomize(model.modulation)
+    a = torch.randint(0, 96, (1, 16), generator=torch.Generator().manual_seed(3))
+    b = a.clone()
+    b[0, 10:] = (b[0, 10:] + 7) % 96
+    with torch.no_grad():
+        diff = (model(a, return_logits="last").logits - model(b, return_logits="last").logits)[0, :10].abs().max()
+    if pooling == "causal":
+        assert diff < 1e-5
+    else:
+        assert diff > 1e-4
+
+
+def test_bad_split_and_checkpoint_are_one_line_errors(dense, tmp_path):
+    path, _ = dense
+    with pytest.raises(ConfigError, match="recurrent_layer"):
+        load_retrofit(_cfg(path, recurrent_layer=5))  # inside the coda of a 6-layer model
+    with pytest.raises(ConfigError, match="removes at least one"):
+        load_retrofit(_cfg(path, n_prelude=3, recurrent_layer=3, n_coda=2))
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_retrofit(_cfg(tmp_path))
+    with pytest.raises(ConfigError, match="modulation"):
+        RetrofitConfig(modulation="dynamic")

@@ -1,0 +1,11 @@
+"""Ouroboros retrofit: a pretrained dense Qwen2/Llama checkpoint as Prelude / one recurrent layer / Coda,
+with frozen SVD-initialized LoRA bases, a CompactController hypernetwork (or static per-step diagonals),
+gated recurrence and per-step norms; only those extras train (ouroboros-controller paper, docs/retrofit.md).
+
+Modules: config (RetrofitConfig), model (RetrofitLM), controller (CompactController, static baseline,
+pooling), hf_import (local HF checkpoint -> RetrofitLM, SVD bases), export (own HF model_type + remote code).
+"""
+
+from titanloop.retrofit.config import MODULATIONS, POOLINGS, TARGETS, RetrofitConfig
+
+__all__ = ["RetrofitConfig", "MODULATIONS", "POOLINGS", "TARGETS"]
