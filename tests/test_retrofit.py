@@ -87,8 +87,8 @@ def test_svd_bases_match_numpy(dense):
     assert removed == [2, 4]
     for k in TARGETS:
         sub = "self_attn" if k in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-        w = lambda i: sd[f"model.layers.{i}.{sub}.{k}.weight"]  # noqa: E731
-        delta = np.mean([w(i) - w(3) for i in removed], axis=0)
+        w = {i: sd[f"model.layers.{i}.{sub}.{k}.weight"] for i in (2, 3, 4)}
+        delta = np.mean([w[i] - w[3] for i in removed], axis=0)
         u, s, vt = np.linalg.svd(delta, full_matrices=False)
         a = getattr(model.lora, f"{k}_A").double().numpy()
         b = getattr(model.lora, f"{k}_B").double().numpy()
@@ -192,3 +192,31 @@ def test_bad_split_and_checkpoint_are_one_line_errors(dense, tmp_path):
         load_retrofit(_cfg(tmp_path))
     with pytest.raises(ConfigError, match="modulation"):
         RetrofitConfig(modulation="dynamic")
+
+
+@pytest.mark.parametrize("modulation,pooling", [("controller", "causal"), ("static", "sequence")])
+def test_export_round_trip(dense, tmp_path, modulation, pooling):
+    """Own model_type + remote code: transformers and titanloop give the same logits as the trained model."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from titanloop.retrofit.export import export_hf, load_exported
+
+    path, _ = dense
+    model = load_retrofit(_cfg(path, modulation=modulation, pooling=pooling, n_loops=3)).eval()
+    for m in model.trainable_modules().values():
+        _randomize(m)
+    out = export_hf(model, tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "titanloop_retrofit"
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(ids, return_logits="last").logits
+        hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+        torch.testing.assert_close(hf(ids).logits, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(hf(ids, n_loops=2).logits, model(ids, 2, return_logits="last").logits,
+                                   rtol=1e-5, atol=1e-5)
+        back = load_exported(out).eval()
+        torch.testing.assert_close(back(ids, return_logits="last").logits, ref, rtol=0, atol=0)
+    assert {n for n, p in back.named_parameters() if p.requires_grad} == \
+        {n for n, p in model.named_parameters() if p.requires_grad}

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from titanloop.config_errors import require
 from titanloop.model import LoopLMOutput, RMSNorm
 from titanloop.model.attention import apply_rope, attention, causal_mask, rope_cos_sin
-from titanloop.retrofit.config import TARGETS, RetrofitConfig
+from titanloop.retrofit.config import RetrofitConfig
 from titanloop.retrofit.controller import build_modulation
 
 
@@ -254,16 +254,18 @@ class RetrofitLM(nn.Module):
         return out
 
     def flops_per_token(self, seq_len: int, n_loops: int | None = None, training: bool = True) -> float:
-        """Matmul FLOPs per token (6N-style accounting as LoopLMConfig.flops_per_token): prelude + coda once,
-        the recurrent layer T times plus its low-rank terms, the controller, gate and LM head. Backward
-        through the frozen layers still computes input gradients (x2 of forward) but no weight gradients,
-        so training counts x2 on frozen and x3 on trainable matmuls."""
+        """Matmul FLOPs per token (the accounting of LoopLMConfig.flops_per_token): prelude and coda once, the
+        recurrent layer and its low-rank terms T times, controller, gate, LM head. In training the frozen
+        prelude runs forward only; coda, recurrent layer and LM head also pass input gradients back (x2, no
+        weight gradients); the trained controller and gate count x3."""
         s, t = self.shape, self.rcfg.n_loops if n_loops is None else n_loops
         d = s.hidden_size
         layer = 2 * sum(a * b for a, b in s.target_dims().values()) + 2 * 2 * seq_len * s.n_heads * s.head_dim / 2
         lora = 2 * self.rcfg.lora_rank * sum(a + b for a, b in s.target_dims().values()) if self.lora else 0
-        frozen = (len(self.prelude) + len(self.coda) + t) * layer + t * lora + 2 * d * s.vocab_size
+        prelude = len(self.prelude) * layer
+        frozen = (len(self.coda) + t) * layer + t * lora + 2 * d * s.vocab_size
         trained = t * 2 * 2 * d * d if self.recurrence_gate is not None else 0
         if self.modulation is not None:
             trained += t * self.modulation.flops_per_token()
-        return frozen * (2 if training else 1) + trained * (3 if training else 1)
+        k = (1, 2, 3) if training else (1, 1, 1)
+        return prelude * k[0] + frozen * k[1] + trained * k[2]
