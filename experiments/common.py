@@ -1,0 +1,222 @@
+"""What every experiment shares: train a titanloop.train config in a subprocess, score held-out task data,
+write the results table (json + markdown) and plot curves.
+
+    from experiments import common
+    args = common.parse_args("readout blind spot", default_steps=300)
+    run = common.train("experiments/readout_blind_spot/base.toml", args.out / "norm",
+                       {"model.readout": "norm", "training.steps": args.steps})
+    points = common.heldout(run, loops=[1, 2, 4])          # depth sweep on the task's held-out split
+    common.write_results(args.out, title=..., paper=..., columns=[...], rows=[...], verdict=...)
+
+Training always goes through the real entry point (`torchrun -m titanloop.train --config ...`), so an
+experiment exercises the same code, configs and DCP checkpoints as a user's run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_SCHEMA = "titanloop.experiments/v1"
+
+
+def toml_literal(value) -> str:
+    """A Python value as a TOML literal for a `--section.key value` override (bool, number, str, list, dict)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"override value {value!r} of type {type(value).__name__} has no TOML form")
+
+
+def override_args(overrides: dict) -> list[str]:
+    """{"training.steps": 10, "model.readout": "raw"} -> ["--training.steps", "10", "--model.readout", '"raw"']."""
+    args = []
+    for key, value in overrides.items():
+        args += [f"--{key}", toml_literal(value)]
+    return args
+
+
+def train(config: str | os.PathLike, run_dir: str | os.PathLike, overrides: dict | None = None, nproc: int = 1,
+          quiet: bool = True) -> Path:
+    """Train `config` (a TOML path, relative to the repo root or absolute) into a fresh `run_dir`.
+
+    Runs `torchrun --standalone --nproc_per_node=nproc -m titanloop.train`; checkpoints are enabled so the final
+    weights land in run_dir/checkpoints. The training log goes to run_dir/train.log (and stdout unless quiet).
+    Raises RuntimeError with the log's tail when training fails.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    config = Path(config)
+    if not config.is_absolute():
+        config = REPO / config
+    overrides = {"checkpoint.enable": True, "metrics.wandb": "off", **(overrides or {}),
+                 "training.run_dir": str(run_dir)}
+    overrides.setdefault("checkpoint.interval", int(overrides.get("training.steps", 10**9)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "titanloop.train", "--config", str(config), *override_args(overrides)]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "offline",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    log_path = run_dir / "train.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            if not quiet:
+                print(line, end="", flush=True)
+        code = proc.wait()
+    if code != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"training {config.name} -> {run_dir} failed (exit {code}); end of {log_path}:\n{tail}")
+    (run_dir / "train_seconds").write_text(f"{time.perf_counter() - start:.1f}\n")
+    return run_dir
+
+
+def metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The logged steps of a run (run_dir/metrics.jsonl): loss, per-loop ce, exit_prob, hidden_rms, ..."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load(run_dir: str | os.PathLike):
+    """The trained LoopLM of a run (its newest checkpoint), in eval mode."""
+    from titanloop.eval import load_model
+
+    return load_model(Path(run_dir) / "checkpoints")
+
+
+def heldout(model_or_run, task: str | None = None, task_options: dict | None = None, loops: list[int] = (1,),
+            n_examples: int = 256, batch_size: int = 64, seed: int = 0) -> list[dict]:
+    """Depth sweep on a synthetic task's held-out split: one {loops, loss, sequence_accuracy, ...} per T.
+
+    `model_or_run` is a LoopLM or a run dir; task/task_options default to the run's training data config.
+    sequence_accuracy is exact-match answer accuracy (every answer token right).
+    """
+    import torch
+
+    from titanloop.data import DataConfig
+    from titanloop.eval import EvalConfig, depth_sweep
+
+    model = model_or_run
+    if not isinstance(model_or_run, torch.nn.Module):
+        model = load(model_or_run)
+        data = run_config(model_or_run)["data"]
+        task = task or data["task"]
+        task_options = data.get("task_options", {}) if task_options is None else task_options
+    if task is None:
+        raise ValueError("heldout: pass task= when scoring a model that is not a run dir")
+    n_batches = math.ceil(n_examples / batch_size)
+    dataset = DataConfig(kind="synthetic_task", task=task, task_options=dict(task_options or {}), split="eval",
+                         seed=seed)
+    cfg = EvalConfig(loops=list(loops), batch_size=batch_size, max_batches=n_batches, diagnostics=False)
+    with torch.no_grad():
+        return depth_sweep(model, dataset, cfg=cfg)["points"]
+
+
+def run_config(run_dir: str | os.PathLike) -> dict:
+    """The resolved training config a run saved with its newest checkpoint (titanloop.json)."""
+    from titanloop.checkpoint import layout
+
+    root = Path(run_dir) / "checkpoints"
+    step = layout.latest_step(root)
+    if step is None:
+        raise FileNotFoundError(f"{root} has no checkpoint: was the run trained with checkpoint.enable = true?")
+    return layout.read_manifest(root / layout.step_dir_name(step))["config"]
+
+
+def mean_std(values) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    values = [float(v) for v in values]
+    m = sum(values) / len(values)
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return m, math.sqrt(var)
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def markdown_table(columns: list[str], rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_results(out: str | os.PathLike, *, name: str, title: str, paper: str, columns: list[str], rows: list[dict],
+                  verdict: str, reproduced: bool | None, command: str, smoke: bool, extra: dict | None = None) -> dict:
+    """results.json + results.md in `out`: the table, the paper's claim beside it, and whether it reproduced.
+
+    reproduced: True / False, or None when the run was too small to say (smoke runs are always None).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"schema": RESULTS_SCHEMA, "name": name, "title": title, "paper": paper, "command": command,
+              "smoke": smoke, "reproduced": None if smoke else reproduced, "verdict": verdict, "columns": columns,
+              "rows": rows, **(extra or {})}
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    status = {True: "yes", False: "no", None: "not judged"}[result["reproduced"]]
+    md = [f"# {title}", "", f"Command: `{command}`" + (" (smoke run: a few steps, not a result)" if smoke else ""), "",
+          f"**Paper:** {paper}", "", markdown_table(columns, rows), "",
+          f"**Direction reproduced:** {status}. {verdict}", ""]
+    (out / "results.md").write_text("\n".join(md))
+    return result
+
+
+def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabel: str, ylabel: str, title: str,
+         logy: bool = False, logx: bool = False, vline: float | None = None) -> Path:
+    """Line plot of {label: (xs, ys)} to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    if vline is not None:
+        ax.axvline(vline, color="gray", linestyle="--", linewidth=1, label="trained T")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logy:
+        ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(name: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags every experiment takes: --out, --smoke, --seeds, --nproc."""
+    p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "experiments" / name,
+                   help=f"output directory (default runs/experiments/{name})")
+    p.add_argument("--smoke", action="store_true", help="a few training steps of every run (CI): checks the "
+                                                        "pipeline, not the result")
+    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0],
+                   help="comma-separated training seeds (default 0)")
+    p.add_argument("--nproc", type=int, default=1, help="processes per training run (default 1)")
+    return p.parse_args(argv)
