@@ -247,7 +247,7 @@ def test_param_count_and_flops_count_loops():
         assert cfg.flops_per_token(128, n_loops=4, readouts=1) < f4
         assert cfg.flops_per_token(128, n_loops=4, training=False) == pytest.approx(f4 / 3)
     c = tiny_cfg()  # hand count, forward, T=1: 2 x (attn + mlp matmul params) + causal attention + head + gate
-    per_layer = 2 * (4 * 32 * 32 + 3 * 32 * 64) + 2 * 2 * 128 * 32 / 2
+    per_layer = 2 * (4 * 32 * 32 + 3 * 32 * 64) + 2 * 2 * (128 + 1) / 2 * 32  # (S+1)/2 keys per query
     assert c.flops_per_token(128, n_loops=1, training=False) == pytest.approx(2 * per_layer + 2 * 32 * V + 2 * 32)
     big = preset("ouro-1.4b")
     assert 1.3e9 < big.param_count() < 1.5e9, big.param_count()

@@ -54,7 +54,8 @@ _OURO_KEYS = {
 _OPTIONAL_OURO_KEYS = {"initializer_range": "init_std"}
 # LoopLMConfig fields with no Ouro key: stored under config.json["titanloop"].
 _TITANLOOP_FIELDS = ("max_loops", "readout", "inter_loop_norm", "n_prelude_layers", "n_coda_layers",
-                     "gated_recurrence", "gate_bias_init", "per_loop_norm", "attention_backend")
+                     "gated_recurrence", "gate_bias_init", "per_loop_norm", "attention_backend",
+                     "rope_per_document")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -1,13 +1,39 @@
-"""Rotary embeddings and the attention kernel choice.
+"""Rotary embeddings, document masks and the attention kernel choice.
 
-Backend choice happens at call time: flash-attn when it is importable, the tensors are on CUDA and in
-fp16/bf16, and no explicit mask is needed; PyTorch SDPA otherwise (causal). `pip install .[gpu]` adds
-flash-attn; without it everything falls back to SDPA with no change in results beyond kernel rounding.
+Plain causal attention (no document mask): flash-attn when it is importable, the tensors are on CUDA and
+in fp16/bf16; PyTorch SDPA (causal) otherwise.
+
+Document masking (packed sequences, `doc_ids`) never builds a dense [S, S] mask on the default paths.
+`document_mask` runs once per forward, outside the compiled layers, and returns a `DocumentMask`: the
+document boundaries as cumulative sequence lengths over the flattened batch (`cu_seqlens`, int32) plus the
+kernel that will use them. The kernel follows `attention_backend`:
+
+    backend        document-masked attention with
+    auto           CUDA + fp16/bf16 + flash-attn: flash_attn_varlen_func; other CUDA: FlexAttention
+                   (compiled, document block mask); CPU: SDPA per document
+    flash          as auto (flash-attn is required on CUDA)
+    flex           FlexAttention with a document block mask (CPU: forward only, torch has no CPU backward)
+    sdpa_per_doc   one causal SDPA call per document (memory per call: the largest document squared)
+    sdpa           the dense boolean mask [B, 1, S, S] with SDPA (the reference; O(S^2) mask memory)
+
+The varlen and per-document calls are kept out of torch.compile graphs (`torch.compiler.disable`): their
+argument shapes change with the number of documents in a batch, which would otherwise recompile the
+layer for every new count; the compiled layer becomes two graphs around the attention call.
+
+RoPE positions: by default positions run 0..S-1 across the packed row. With a document mask this gives the
+same attention as restarting positions per document (RoPE scores depend on i - j only, and no query sees
+another document), so `rope_per_document` (LoopLMConfig, default off) changes results only by rounding of
+the rotation angles; it is there for runs that want position ids to match an unpacked evaluation exactly.
+
+`pip install .[gpu]` adds flash-attn; without it everything falls back with no change in results beyond
+kernel rounding.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,11 +41,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 try:  # optional GPU extra
     from flash_attn import flash_attn_func as _flash_attn_func  # type: ignore
+    from flash_attn import flash_attn_varlen_func as _flash_attn_varlen_func  # type: ignore
 except Exception:  # pragma: no cover - flash-attn is not installable without CUDA
-    _flash_attn_func = None
+    _flash_attn_func = _flash_attn_varlen_func = None
 
 
 _FORCE_MATH = False
+DOC_KERNELS = ("flash_varlen", "flex", "sdpa_per_doc", "dense")
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def flash_available() -> bool:
@@ -29,7 +58,7 @@ def flash_available() -> bool:
 @contextlib.contextmanager
 def math_attention():
     """Run attention with PyTorch's math kernel (no flash-attn, no fused SDPA): the only kernels with
-    forward-mode AD, which the JSRR Jacobian-vector product needs."""
+    forward-mode AD, which the JSRR Jacobian-vector product needs. Document masks use SDPA per document."""
     global _FORCE_MATH
     prev, _FORCE_MATH = _FORCE_MATH, True
     try:
@@ -59,15 +88,138 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+# ----- document masks -------------------------------------------------------------------------------
+def _doc_starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """bool [B, S]: True where a document starts (first token of a row, or a change of doc id). Documents
+    are runs of equal consecutive ids, which is what packing produces (non-decreasing ids per row)."""
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return starts
+
+
+def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """RoPE positions [B, S] restarting at 0 at every document start."""
+    idx = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
+    start = torch.where(_doc_starts(doc_ids), idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start
+
+
+def cu_seqlens(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Cumulative document lengths over the flattened [B*S] tokens, int32 [n_docs + 1] (flash-attn's
+    varlen format); rows never share a document, so every row start is a boundary."""
+    starts = _doc_starts(doc_ids).flatten().nonzero().flatten()
+    end = torch.tensor([doc_ids.numel()], device=doc_ids.device, dtype=starts.dtype)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+@dataclass
+class DocumentMask:
+    """Causal attention restricted to packed documents, without a dense [S, S] mask.
+
+    cu_seqlens: int32 [n_docs + 1] offsets into the flattened B*S tokens; max_seqlen: S, an upper bound on
+    the document length (flash-attn sizes its grid with it; S needs no device-to-host copy and stays
+    constant across batches); kernel: one of DOC_KERNELS except 'dense'; block_mask: FlexAttention's
+    BlockMask when kernel == 'flex'."""
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    kernel: str
+    block_mask: Any = None
+
+    @property
+    def doc_lengths(self) -> list[int]:
+        return self.cu_seqlens.diff().tolist()
+
+
+def document_kernel(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Which kernel computes document-masked attention for `backend` (see the module docstring)."""
+    cuda = torch.device(device).type == "cuda"
+    if backend in ("sdpa_per_doc", "flex"):
+        return backend
+    if backend == "sdpa":
+        return "dense"
+    if backend == "flash" and cuda and _flash_attn_varlen_func is None:
+        raise RuntimeError("attention_backend='flash' needs flash-attn: pip install 'titanloop[gpu]' or use 'auto'")
+    if cuda and dtype in _HALF and _flash_attn_varlen_func is not None:
+        return "flash_varlen"
+    return "flex" if cuda else "sdpa_per_doc"
+
+
+def document_mask(doc_ids: torch.Tensor, backend: str, dtype: torch.dtype,
+                  kernel: str | None = None) -> "DocumentMask | torch.Tensor":
+    """The document mask for one forward over doc_ids [B, S]: a DocumentMask, or the dense boolean mask
+    [B, 1, S, S] when the kernel is 'dense'. `kernel` overrides the choice document_kernel makes."""
+    kernel = kernel or document_kernel(backend, doc_ids.device, dtype)
+    b, s = doc_ids.shape
+    if kernel == "dense":
+        return causal_mask(s, s, doc_ids.device, doc_ids)
+    block_mask = None
+    if kernel == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_doc_causal(bi, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (doc_ids[bi, q_idx] == doc_ids[bi, kv_idx])
+
+        block_mask = create_block_mask(same_doc_causal, b, None, s, s, device=doc_ids.device)
+    return DocumentMask(cu_seqlens(doc_ids), s, kernel, block_mask)
+
+
+_compiled_flex = None
+
+
+def _flex(q, k, v, block_mask, gqa):
+    """FlexAttention; compiled on CUDA (eager flex materializes the scores), eager on CPU (forward only)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        fn = _compiled_flex
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+@torch.compiler.disable
+def _flash_varlen(q, k, v, mask: DocumentMask):
+    b, _, s, d = q.shape
+    flat = [x.transpose(1, 2).reshape(b * s, x.shape[1], d) for x in (q, k, v)]  # [B*S, heads, D]
+    out = _flash_attn_varlen_func(*flat, cu_seqlens_q=mask.cu_seqlens, cu_seqlens_k=mask.cu_seqlens,
+                                  max_seqlen_q=mask.max_seqlen, max_seqlen_k=mask.max_seqlen, causal=True)
+    return out.view(b, s, -1, d).transpose(1, 2)
+
+
+@torch.compiler.disable
+def _sdpa_per_doc(q, k, v, mask: DocumentMask, gqa: bool):
+    b, _, s, d = q.shape
+    flat = [x.transpose(0, 1).reshape(x.shape[1], b * s, d) for x in (q, k, v)]  # [heads, B*S, D]
+    bounds = mask.cu_seqlens.tolist()
+    outs = [F.scaled_dot_product_attention(*(x[:, lo:hi] for x in flat), is_causal=True, enable_gqa=gqa)
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(outs, dim=1).view(-1, b, s, d).transpose(0, 1)
+
+
+def _document_attention(q, k, v, mask: DocumentMask) -> torch.Tensor:
+    gqa = q.shape[1] != k.shape[1]
+    kernel = "sdpa_per_doc" if _FORCE_MATH else mask.kernel
+    if kernel == "flash_varlen":
+        return _flash_varlen(q, k, v, mask)
+    if kernel == "flex":
+        return _flex(q, k, v, mask.block_mask, gqa)
+    return _sdpa_per_doc(q, k, v, mask, gqa)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: "torch.Tensor | DocumentMask | None",
               backend: str = "auto") -> torch.Tensor:
-    """Causal attention. q: [B, H, Sq, D]; k, v: [B, Hkv, Sk, D]; mask: bool [B|1, 1, Sq, Sk] (True = attend)
-    or None for plain causal attention with Sq == Sk. Returns [B, H, Sq, D]."""
+    """Causal attention. q: [B, H, Sq, D]; k, v: [B, Hkv, Sk, D]; mask: a DocumentMask (Sq == Sk), a bool
+    [B|1, 1, Sq, Sk] (True = attend) or None for plain causal attention with Sq == Sk. Returns [B, H, Sq, D]."""
+    if isinstance(mask, DocumentMask):
+        return _document_attention(q, k, v, mask)
     use_flash = (
         backend in ("auto", "flash")
         and _flash_attn_func is not None
         and q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.dtype in _HALF
         and mask is None
         and not _FORCE_MATH
     )

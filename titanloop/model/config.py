@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from titanloop.config_errors import ConfigError, from_dict_strict, require, require_choice
 
 READOUTS = ("norm", "raw", "final_only_norm")
-ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
+ATTENTION_BACKENDS = ("auto", "flash", "flex", "sdpa_per_doc", "sdpa")  # see titanloop.model.attention
 
 
 @dataclass
@@ -41,7 +41,10 @@ class LoopLMConfig:
     per_loop_norm: bool = False  # a distinct RMSNorm for each loop step (ouroboros §3.5)
     tie_embeddings: bool = False
 
-    attention_backend: str = "auto"  # auto: flash-attn on CUDA fp16/bf16 when importable, else SDPA
+    attention_backend: str = "auto"  # auto: flash-attn (varlen for documents) on CUDA fp16/bf16 when importable
+    # RoPE positions restart at every packed document (off: 0..S-1 per row; equal attention under the document
+    # mask since RoPE is relative, so this changes only rounding; see titanloop.model.attention)
+    rope_per_document: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -110,19 +113,26 @@ class LoopLMConfig:
         return n
 
     def flops_per_token(self, seq_len: int, n_loops: int | None = None, readouts: int | None = None,
-                        training: bool = True) -> float:
-        """Model FLOPs per token (matmuls only, the standard 6N + attention accounting, PaLM appendix B).
+                        training: bool = True, doc_lengths=None) -> float:
+        """Model FLOPs per token: THE count behind MFU in the training metrics, the benchmarks and gpu_check.
+
+        Matmuls only (the standard 6N + attention accounting, PaLM appendix B), with attention counted over
+        the keys each query actually attends to: (S + 1) / 2 on average under the causal mask, or, with
+        packed-document masking, sum L(L+1)/2 / sum L over `doc_lengths` (the documents' lengths, e.g.
+        DocumentMask.doc_lengths). This is what flash kernels compute (they skip masked blocks); a kernel
+        that computes the full square does more work than this counts.
 
         Loops count: the shared stack's matmuls and attention run `n_loops` times. `readouts` is how
-        many loops are decoded by the LM head (all of them in per-loop training; default n_loops).
-        training=True counts forward+backward (x3 of forward), False counts the forward only.
+        many loops are decoded by the LM head (all of them in per-loop training; default n_loops); coda
+        layers run once per decoded loop. training=True counts forward+backward (x3 of forward), False
+        counts the forward only. Checked against torch.utils.flop_counter in tests/test_flops.py.
         """
         t = self.n_loops if n_loops is None else n_loops
         readouts = t if readouts is None else readouts
         h = self.hidden_size
         kv = self.kv_heads * self.head_dim
         per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_hidden_size)  # fwd matmul flops
-        attn = 2 * 2 * seq_len * h / 2  # QK^T and AV, causal: half the square on average
+        attn = 2 * 2 * h * attended_keys_per_token(seq_len, doc_lengths)  # QK^T and AV over the attended keys
         looped_layers = self.n_layers * t
         once_layers = self.n_prelude_layers
         coda_layers = self.n_coda_layers * readouts
@@ -132,6 +142,16 @@ class LoopLMConfig:
         if self.gated_recurrence:
             fwd += t * 2 * 2 * h * h
         return fwd * (3 if training else 1)
+
+
+def attended_keys_per_token(seq_len: int, doc_lengths=None) -> float:
+    """Mean number of keys a query attends to under the causal mask: (S + 1) / 2, or with document masking
+    sum L(L+1)/2 / sum L over the packed documents' lengths `doc_lengths`."""
+    if doc_lengths is None:
+        return (seq_len + 1) / 2
+    lengths = [int(n) for n in doc_lengths]
+    require(lengths and min(lengths) >= 1, "doc_lengths", lengths, "a non-empty list of positive document lengths")
+    return sum(n * (n + 1) for n in lengths) / (2 * sum(lengths))
 
 
 def _ouro(n_layers: int) -> LoopLMConfig:

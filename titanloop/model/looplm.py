@@ -28,7 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from titanloop.config_errors import require
-from titanloop.model.attention import apply_rope, attention, causal_mask, rope_cos_sin
+from titanloop.model.attention import (apply_rope, attention, causal_mask, document_mask, document_positions,
+                                      rope_cos_sin)
 from titanloop.model.config import LoopLMConfig
 
 
@@ -172,11 +173,18 @@ class LoopLM(nn.Module):
 
     def rope_and_mask(self, input_ids: torch.Tensor, *, doc_ids: torch.Tensor | None = None,
                       positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0):
-        """RoPE cos/sin tables and the attention mask (None = plain causal) for one forward over input_ids."""
+        """RoPE cos/sin tables and the attention mask for one forward over input_ids: None (plain causal), a
+        DocumentMask (document boundaries, no dense mask) or a dense boolean mask (attention_backend 'sdpa',
+        or decoding with a cache)."""
         s = input_ids.shape[1]
-        cos, sin = self.rope(s, input_ids.device, self.embed_tokens.weight.dtype, positions, position_offset)
+        dtype = self.embed_tokens.weight.dtype
+        if doc_ids is not None and positions is None and kv_cache is None and self.cfg.rope_per_document:
+            positions = document_positions(doc_ids)
+        cos, sin = self.rope(s, input_ids.device, dtype, positions, position_offset)
         mask = None
-        if doc_ids is not None:
+        if doc_ids is not None and kv_cache is None:  # no dense [S, S] mask unless the backend is 'sdpa'
+            mask = document_mask(doc_ids, self.cfg.attention_backend, dtype)
+        elif doc_ids is not None:
             mask = causal_mask(s, s, input_ids.device, doc_ids)
         elif kv_cache is not None and position_offset > 0 and s > 1:
             mask = causal_mask(s, s + position_offset, input_ids.device)
