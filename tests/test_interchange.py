@@ -64,19 +64,107 @@ VARIANTS = {
 }
 
 
+# variants the Ouro HF code cannot compute -> the field its refusal names
+REFUSED = {"raw_readout_no_inter_norm": "readout='raw'", "final_only_norm": "readout='final_only_norm'",
+           "prelude_coda": "n_prelude_layers=1", "gated_per_loop_norm": "gated_recurrence=true"}
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_export_import_round_trip_is_exact(tmp_path, variant):
     model = tiny(**VARIANTS[variant])
-    export_ouro_hf(model, tmp_path)
+    export_ouro_hf(model, tmp_path, allow_variant=True)
+    model_type = json.loads((tmp_path / "config.json").read_text())["model_type"]
+    assert model_type == ("titanloop_looplm" if variant in REFUSED else "ouro")
     again = import_ouro_hf(tmp_path)
     _assert_identical(model, again)
     if model.cfg.tie_embeddings:
         assert again.lm_head.weight is again.embed_tokens.weight
         assert "lm_head.weight" not in _tensors(tmp_path)
     # a second export of the imported model writes the same bytes' worth of tensors
-    export_ouro_hf(again, tmp_path / "again")
+    export_ouro_hf(again, tmp_path / "again", allow_variant=True)
     t1, t2 = _tensors(tmp_path), _tensors(tmp_path / "again")
     assert t1.keys() == t2.keys() and all(torch.equal(t1[k], t2[k]) for k in t1)
+
+
+def ouro_reference(path, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, exit-gate logit) per loop as the Ouro Hugging Face code (ByteDance's modeling_ouro.py, which is
+    not importable offline) computes them from an exported directory. Written independently of LoopLM from
+    that code's published structure, reading only what it reads: the Ouro keys of config.json and the Ouro
+    tensors (the "titanloop" sub-dict and extra tensors are ignored, as transformers ignores them). Per loop:
+    the stack of sandwich-norm decoder layers (RoPE with rotate-half, GQA, causal softmax attention, SwiGLU),
+    then the final RMSNorm, whose output is decoded by lm_head, gated and fed to the next loop."""
+    c, w = json.loads((path / "config.json").read_text()), _tensors(path)
+    nh, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
+    b, s = ids.shape
+
+    def rms(x, name):
+        return w[name] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+    freqs = torch.outer(torch.arange(s).float(), inv_freq)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    causal = torch.full((s, s), float("-inf")).triu(1)
+
+    def rotate(x):
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def attention(x, p):
+        q = (x @ w[p + "q_proj.weight"].T).view(b, s, nh, hd).transpose(1, 2)
+        k = (x @ w[p + "k_proj.weight"].T).view(b, s, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, 1)
+        v = (x @ w[p + "v_proj.weight"].T).view(b, s, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, 1)
+        att = torch.softmax(rotate(q) @ rotate(k).transpose(-1, -2) * hd ** -0.5 + causal, -1)
+        return (att @ v).transpose(1, 2).reshape(b, s, nh * hd) @ w[p + "o_proj.weight"].T
+
+    def mlp(x, p):
+        gate = torch.nn.functional.silu(x @ w[p + "gate_proj.weight"].T)
+        return (gate * (x @ w[p + "up_proj.weight"].T)) @ w[p + "down_proj.weight"].T
+
+    head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
+    h, out = w["model.embed_tokens.weight"][ids], []
+    for _ in range(c["total_ut_steps"]):
+        for i in range(c["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            h = h + rms(attention(rms(h, p + "input_layernorm.weight"), p + "self_attn."),
+                        p + "input_layernorm_2.weight")
+            h = h + rms(mlp(rms(h, p + "post_attention_layernorm.weight"), p + "mlp."),
+                        p + "post_attention_layernorm_2.weight")
+        h = rms(h, "model.norm.weight")
+        out.append((h @ head.T, (h @ w["model.early_exit_gate.weight"].T + w["model.early_exit_gate.bias"])[..., 0]))
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_export_is_what_the_ouro_code_computes_or_refused(tmp_path, variant):
+    model = tiny(**VARIANTS[variant])
+    with torch.no_grad():
+        ours = model(TOKENS, return_logits="all")
+    if variant not in REFUSED:
+        export_ouro_hf(model, tmp_path)
+        assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "ouro"
+        with torch.no_grad():
+            ref = ouro_reference(tmp_path, TOKENS)
+        for t, (logits, gate) in enumerate(ref):  # every loop's exit, not only the last
+            torch.testing.assert_close(logits, ours.logits[t], rtol=0, atol=1e-5)
+            torch.testing.assert_close(gate, ours.gate_logits[t], rtol=0, atol=1e-5)
+        return
+    with pytest.raises(ConfigError) as e:
+        export_ouro_hf(model, tmp_path / "refused")
+    assert "\n" not in str(e.value) and REFUSED[variant] in str(e.value), str(e.value)
+    assert not (tmp_path / "refused").exists()
+    # the refusal is real: read as Ouro, these weights give other logits at some loop
+    export_ouro_hf(model, tmp_path / "variant", allow_variant=True)
+    with torch.no_grad():
+        ref = ouro_reference(tmp_path / "variant", TOKENS)
+    worst = max((logits - ours.logits[t]).abs().max().item() for t, (logits, _) in enumerate(ref))
+    assert worst > 1e-2, worst
+
+
+def test_ouro_model_type_must_match_the_variant_keys(tmp_path):
+    export_ouro_hf(tiny(readout="raw"), tmp_path, allow_variant=True)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "ouro"}))
+    _one_line_error(tmp_path, "model_type='ouro' is invalid for this model", "readout='raw'")
 
 
 def test_exported_layout_matches_ouro(tmp_path):
@@ -244,7 +332,12 @@ def test_cli_module_runs_with_help():
 
 def test_cli_export_inspect_verify_and_errors(tmp_path, capsys):
     out = tmp_path / "m"
-    main(["export", "--preset", "debug-tiny", "--set", "n_loops=2", "--set", "readout=raw", "--out", str(out)])
+    with pytest.raises(SystemExit) as e:
+        main(["export", "--preset", "debug-tiny", "--set", "readout=raw", "--out", str(out)])
+    assert str(e.value).startswith("error: cannot export as Ouro (model_type 'ouro'): readout='raw' (the Ouro code "
+                                   "decodes norm(h_t) at every loop); pass allow_variant=True (CLI --allow-variant)")
+    main(["export", "--preset", "debug-tiny", "--set", "n_loops=2", "--set", "readout=raw", "--allow-variant",
+          "--out", str(out)])
     main(["inspect", str(out)])
     n = import_ouro_hf(out).num_params()
     printed = capsys.readouterr().out

@@ -61,14 +61,14 @@ def cmd_export(args) -> None:
     print(f"building {args.preset} ({cfg.param_count():,} params) ...", file=sys.stderr)
     model = LoopLM(cfg)
     out = export_ouro_hf(model, args.out, dtype=_DTYPES[args.dtype] if args.dtype else None,
-                         max_shard_bytes=args.max_shard_bytes)
+                         max_shard_bytes=args.max_shard_bytes, allow_variant=args.allow_variant)
     print(f"wrote {out}")
 
 
 def cmd_verify(args) -> None:
     model = import_ouro_hf(args.path)
     with tempfile.TemporaryDirectory() as tmp:
-        export_ouro_hf(model, tmp)
+        export_ouro_hf(model, tmp, allow_variant=True)  # whatever it was (ouro or a titanloop variant)
         again = import_ouro_hf(tmp)
     a, b = model.state_dict(), again.state_dict()
     bad = [n for n in a if not torch.equal(a[n], b[n])]
@@ -94,6 +94,9 @@ def main(argv=None) -> None:
     pe.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES,
                     help="split weights into shards above this size (default 5e9, as Hugging Face)")
     pe.add_argument("--seed", type=int, default=0)
+    pe.add_argument("--allow-variant", action="store_true",
+                    help="write a variant the Ouro HF code cannot compute (e.g. readout=raw) under model_type "
+                         "'titanloop_looplm' instead of refusing it")
     pe.set_defaults(fn=cmd_export)
     pv = sub.add_parser("verify", help="import a directory, re-export it and check the tensors are bitwise equal")
     pv.add_argument("path")

@@ -11,10 +11,15 @@ Tensor names are titanloop's parameter names with a `model.` prefix (`lm_head.we
 `model.layers.3.self_attn.q_proj.weight`, `model.layers.3.input_layernorm_2.weight`,
 `model.early_exit_gate.bias`. A tied LM head is not stored (`tie_word_embeddings: true`), as in Hugging Face.
 
-titanloop-only variants (readout, inter_loop_norm, prelude/coda layers, gated recurrence, per-loop norms,
-max_loops, ...) go into a `"titanloop"` sub-dict of config.json and extra tensors (`model.prelude.*`,
-`model.coda.*`, `model.recurrence_gate.*`, `model.loop_norms.*`), so export -> import is exact. A plain Ouro
-directory (no sub-dict) imports with the defaults, which reproduce Ouro.
+model_type "ouro" is written only for models the Ouro Hugging Face code (modeling_ouro.py) computes exactly:
+per loop the shared stack, then the final norm, whose output is decoded, gated and fed to the next loop.
+A variant it cannot represent (`ouro_incompatibilities`: readout raw / final_only_norm, inter_loop_norm
+false, prelude/coda layers, gated recurrence, per-loop norms) is refused with a one-line reason, or, with
+`allow_variant=True` (CLI `--allow-variant`), written under model_type "titanloop_looplm", which the Ouro code
+does not claim and only titanloop loads. The variant settings (and max_loops, ...) go into a `"titanloop"`
+sub-dict of config.json and extra tensors (`model.prelude.*`, `model.coda.*`, `model.recurrence_gate.*`,
+`model.loop_norms.*`), so export -> import is exact. A plain Ouro directory (no sub-dict) imports with the
+defaults, which reproduce Ouro. docs/interchange.md lists the variants and the paper each follows.
 """
 
 from __future__ import annotations
@@ -75,10 +80,35 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise ConfigError(f"dtype={dtype} is invalid: expected one of {sorted(_DTYPES)}")
 
 
+VARIANT_MODEL_TYPE = "titanloop_looplm"  # a LoopLM variant the Ouro HF code does not compute
+MODEL_TYPES = ("ouro", VARIANT_MODEL_TYPE)
+
+
+def ouro_incompatibilities(cfg: LoopLMConfig) -> list[str]:
+    """Why the Ouro HF code would compute something else than a LoopLM with `cfg` ([] = it computes the same)."""
+    why = []
+    if cfg.readout != "norm":
+        why.append(f"readout={cfg.readout!r} (the Ouro code decodes norm(h_t) at every loop)")
+    if not cfg.inter_loop_norm:
+        why.append("inter_loop_norm=false (the Ouro code feeds norm(h_t) into the next loop)")
+    if cfg.n_prelude_layers or cfg.n_coda_layers:
+        why.append(f"n_prelude_layers={cfg.n_prelude_layers}, n_coda_layers={cfg.n_coda_layers} (the Ouro code has "
+                   "only the looped stack)")
+    if cfg.gated_recurrence:
+        why.append("gated_recurrence=true (the Ouro code has no recurrence gate)")
+    if cfg.per_loop_norm:
+        why.append("per_loop_norm=true (the Ouro code has no per-loop norm)")
+    return why
+
+
 # ----- config.json ----------------------------------------------------------------------------------
 def ouro_config_dict(cfg: LoopLMConfig, dtype: torch.dtype = torch.float32, early_exit_threshold: float = 1.0) -> dict:
-    """The config.json of an Ouro checkpoint for `cfg` (plus the "titanloop" sub-dict for the variants)."""
-    d = {"architectures": ["OuroForCausalLM"], "model_type": "ouro"}
+    """The config.json for `cfg` (plus the "titanloop" sub-dict for the variants): model_type "ouro" when the
+    Ouro HF code computes this model, else VARIANT_MODEL_TYPE."""
+    if ouro_incompatibilities(cfg):
+        d = {"architectures": ["TitanloopLoopLMForCausalLM"], "model_type": VARIANT_MODEL_TYPE}
+    else:
+        d = {"architectures": ["OuroForCausalLM"], "model_type": "ouro"}
     for key, field in _OURO_KEYS.items():
         d[key] = getattr(cfg, field)
     d.update({
@@ -101,9 +131,9 @@ def ouro_config_dict(cfg: LoopLMConfig, dtype: torch.dtype = torch.float32, earl
 
 def looplm_config_from_ouro(d: dict, source: str = "config.json") -> LoopLMConfig:
     """LoopLMConfig from an Ouro config.json dict; one-line ConfigError for anything titanloop cannot load."""
-    if d.get("model_type") != "ouro":
+    if d.get("model_type") not in MODEL_TYPES:
         raise ConfigError(f"{source}: model_type={d.get('model_type')!r} is invalid: expected 'ouro' "
-                          "(an Ouro / OuroForCausalLM checkpoint directory)")
+                          f"(an Ouro / OuroForCausalLM checkpoint directory) or {VARIANT_MODEL_TYPE!r}")
     missing = [k for k in _OURO_KEYS if k not in d and k not in ("num_key_value_heads", "tie_word_embeddings")]
     if missing:
         raise ConfigError(f"{source}: missing key(s) {missing}: an Ouro config.json needs {sorted(_OURO_KEYS)}")
@@ -125,6 +155,12 @@ def looplm_config_from_ouro(d: dict, source: str = "config.json") -> LoopLMConfi
     fields.update(extra)
     fields.setdefault("max_loops", max(LoopLMConfig.max_loops, fields["n_loops"]))
     cfg = LoopLMConfig(**fields)
+    why = ouro_incompatibilities(cfg)
+    if bool(why) != (d["model_type"] == VARIANT_MODEL_TYPE):
+        expected = VARIANT_MODEL_TYPE if why else "ouro"
+        raise ConfigError(f"{source}: model_type={d['model_type']!r} is invalid for this model: expected {expected!r}"
+                          + (f" because of {why[0]}" if why else " (no titanloop-only variant is set)")
+                          + f"; set \"model_type\": {expected!r} in config.json if the weights are right")
     head_dim = d.get("head_dim")
     if head_dim is not None and head_dim != cfg.head_dim:
         raise ConfigError(f"{source}: head_dim={head_dim} is invalid: expected hidden_size/num_attention_heads="
@@ -161,14 +197,24 @@ def _plan_shards(names_sizes: list[tuple[str, int]], max_shard_bytes: int) -> li
 
 
 def export_ouro_hf(model: LoopLM, out_dir, *, dtype: torch.dtype | None = None,
-                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, early_exit_threshold: float = 1.0) -> Path:
+                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, early_exit_threshold: float = 1.0,
+                   allow_variant: bool = False) -> Path:
     """Write `model` as an Ouro Hugging Face directory; returns the directory.
+
+    A model the Ouro HF code cannot compute (ouro_incompatibilities) is refused with a one-line ConfigError,
+    unless allow_variant=True: then it is written under model_type VARIANT_MODEL_TYPE (titanloop loads it).
 
     dtype: cast floating tensors (e.g. torch.bfloat16 as the published checkpoints); default: keep the model's.
     max_shard_bytes: above this total the weights are split into shards with a model.safetensors.index.json.
     """
     if max_shard_bytes < 1:
         raise ConfigError(f"max_shard_bytes={max_shard_bytes} is invalid: expected a positive byte count")
+    why = ouro_incompatibilities(model.cfg)
+    if why and not allow_variant:
+        raise ConfigError(f"cannot export as Ouro (model_type 'ouro'): {why[0]}"
+                          + (f" and {len(why) - 1} more" if len(why) > 1 else "")
+                          + f"; pass allow_variant=True (CLI --allow-variant) to write model_type "
+                          f"{VARIANT_MODEL_TYPE!r}, which only titanloop loads")
     state = _stored_state(model)
     dtype = dtype or model.embed_tokens.weight.dtype
     tensors = {hf_name(n): t.detach().to("cpu", dtype).contiguous() for n, t in state.items()}

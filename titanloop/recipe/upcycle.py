@@ -95,7 +95,7 @@ def upcycle_hf_dir(src: str | Path, dst: str | Path, order: str = "stack") -> Pa
     if dst.exists() and any(dst.iterdir()):
         raise ConfigError(f"upcycle: destination {dst} exists and is not empty; choose a new directory")
     model = load_model(src)
-    export_ouro_hf(upcycle_model(model, order), dst)
+    export_ouro_hf(upcycle_model(model, order), dst, allow_variant=True)  # a variant stays a variant
     return dst
 
 
