@@ -95,6 +95,11 @@ def test_batch_ramp_stairs_and_bounds():
     ramp.check_layout(micro_batch_size=2, dp_world=64)
     with pytest.raises(ConfigError, match="batch_ramp_increment"):
         ramp.check_layout(micro_batch_size=4, dp_world=64)
+    # the error names a value that works: a multiple of micro_batch_size * dp dividing start and end
+    with pytest.raises(ConfigError, match=r"e\.g\. batch_ramp_increment=256\)$"):
+        ramp.check_layout(micro_batch_size=2, dp_world=128)
+    with pytest.raises(ConfigError, match="no increment fits batch_ramp_start=1024 and global_batch_size=2048"):
+        ramp.check_layout(micro_batch_size=2, dp_world=1024)
     with pytest.raises(ConfigError, match="batch_ramp_increment"):
         BatchRamp(start=1000, end=2048, ramp_steps=10, increment=128)
     with pytest.raises(ConfigError, match="global_batch_size"):

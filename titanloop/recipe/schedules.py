@@ -19,6 +19,7 @@ accumulation, so the per-device micro-batch stays fixed (`BatchRamp`; the loader
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
@@ -126,9 +127,20 @@ class BatchRamp:
         return max(self.start, int(exact) // self.increment * self.increment)
 
     def check_layout(self, micro_batch_size: int, dp_world: int) -> None:
+        """Every step's batch must split into whole micro-batches on every data-parallel rank."""
         per_round = micro_batch_size * dp_world
-        require(self.increment % per_round == 0, "training.batch_ramp_increment", self.increment,
-                f"a multiple of micro_batch_size*dp_world={per_round}")
+        if self.increment % per_round == 0:
+            return
+        both = math.gcd(self.start, self.end)
+        fits = math.lcm(self.increment, per_round)
+        if both % fits:
+            fits = per_round
+        hint = (f"e.g. batch_ramp_increment={fits}" if both % fits == 0 else
+                f"no increment fits batch_ramp_start={self.start} and global_batch_size={self.end}; make both "
+                f"multiples of {per_round} or lower micro_batch_size")
+        raise ConfigError(f"training.batch_ramp_increment={self.increment} is invalid at micro_batch_size="
+                          f"{micro_batch_size} x {dp_world} data-parallel ranks: expected a multiple of {per_round} "
+                          f"dividing batch_ramp_start and global_batch_size ({hint})")
 
     def tokens_at(self, step: int, seq_len: int) -> int:
         return self.batch_at(step) * seq_len
