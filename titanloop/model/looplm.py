@@ -31,6 +31,7 @@ from titanloop.config_errors import require
 from titanloop.model.attention import (apply_rope, attention, causal_mask, document_mask, document_positions,
                                       rope_cos_sin)
 from titanloop.model.config import LoopLMConfig
+from titanloop.model.init import draw_seed
 
 
 class RMSNorm(nn.Module):
@@ -125,6 +126,8 @@ class LoopLM(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
+        # drawn first: building the submodules below consumes torch's global RNG (their default init)
+        seed = draw_seed()
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         self.prelude = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_prelude_layers))
@@ -140,30 +143,33 @@ class LoopLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # Set by the parallel plan for per-loop activation checkpointing: wraps loop_step calls.
         self.loop_wrapper: Callable | None = None
-        self.init_weights()
+        self.init_weights(seed=seed)
 
     # ----- initialization ---------------------------------------------------------------------
-    @torch.no_grad()
-    def init_weights(self, buffer_device=None):
+    def init_rule(self, module: nn.Module, name: str) -> tuple[str, float]:
+        """How parameter `name` (its path in the bare model) of `module` (its owner) is initialized:
+        ("normal", std) or ("const", value). The one table for the full-model init and for the per-shard
+        init of a meta-device build under FSDP/TP (titanloop.model.init)."""
         std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * max(1, self.cfg.n_layers))
-        nn.init.normal_(self.embed_tokens.weight, std=std)
-        for mod in self.modules():
-            if isinstance(mod, RMSNorm):
-                mod.reset_parameters()
-        for layer in [*self.prelude, *self.layers, *self.coda]:
-            for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                        layer.mlp.gate_proj, layer.mlp.up_proj):
-                nn.init.normal_(lin.weight, std=std)
-            nn.init.normal_(layer.self_attn.o_proj.weight, std=out_std)
-            nn.init.normal_(layer.mlp.down_proj.weight, std=out_std)
-        nn.init.normal_(self.early_exit_gate.weight, std=std)
-        nn.init.zeros_(self.early_exit_gate.bias)
-        if self.recurrence_gate is not None:  # zero W, bias -2: retain ~88% of the old state at init
-            nn.init.zeros_(self.recurrence_gate.weight)
-            nn.init.constant_(self.recurrence_gate.bias, self.cfg.gate_bias_init)
-        if not self.cfg.tie_embeddings:
-            nn.init.normal_(self.lm_head.weight, std=std)
+        if isinstance(module, RMSNorm):
+            return ("const", 1.0)
+        if module is self.early_exit_gate and name.endswith(".bias"):
+            return ("const", 0.0)
+        if module is self.recurrence_gate:  # zero W, bias -2: retain ~88% of the old state at init
+            return ("const", self.cfg.gate_bias_init if name.endswith(".bias") else 0.0)
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            return ("normal", std / math.sqrt(2 * max(1, self.cfg.n_layers)))
+        return ("normal", std)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device=None, seed: int | None = None):
+        """Initialize every parameter from `seed` (default: drawn from torch's global RNG, so
+        `torch.manual_seed(s); LoopLM(cfg)` is reproducible). Each parameter has its own generator, so the
+        values do not depend on the order, the device placement of other parameters or the sharding
+        (titanloop.model.init materializes only a rank's shards and gets the same full weights)."""
+        from titanloop.model.init import init_parameters
+
+        init_parameters(self, seed)
 
     # ----- pieces the objectives and parallel plans use -----------------------------------------
     def rope(self, seq_len: int, device, dtype, positions: torch.Tensor | None = None, offset: int = 0):
