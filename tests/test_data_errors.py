@@ -23,7 +23,7 @@ def token_set(path, fmt="mds", n_docs=120, seed=0, tokenizer=TOKENIZER):
 
 
 def loader(path, fmt="mds", vocab_size=256, **kw):
-    cfg = DataConfig(kind=fmt, sources=[SourceConfig(str(path))], shuffle_block=1, prefetch=0, **kw)
+    cfg = DataConfig(kind=fmt, sources=[SourceConfig(str(path))], shuffle_block=8, prefetch=0, **kw)
     return build_dataloader(cfg, seq_len=32, micro_batch_size=4, global_batch_size=4, dp_rank=0, dp_world=1,
                             vocab_size=vocab_size)
 
@@ -40,15 +40,27 @@ def one_line(err, *needles):
         assert n in msg, msg
 
 
+def flip_token_bytes(root, info):
+    """Flip 4 token bytes of the shortest document of a shard (a document some read covers whole)."""
+    from titanloop.data.shard_format import ShardIndex
+
+    raw = (root / info.index).read_bytes()
+    idx = ShardIndex.parse_head(raw, "idx")
+    records = ShardIndex.parse_records(raw[idx.head_bytes:])
+    at = int(records[int(np.argmin(np.diff(idx.token_start))), 1]) + 2  # payload_off of the shortest document
+    with open(root / info.path, "r+b") as f:
+        f.seek(at)
+        chunk = f.read(4)
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+
+
 @pytest.mark.parametrize("fmt", ["mds", "webdataset"])
 def test_corrupt_shard_fails_when_read_naming_it(tmp_path, fmt):
+    """Flipped token bytes (same size) fail the document's crc32 when a read covers the document."""
     m = token_set(tmp_path / "s", fmt)
     victim = m.shards[1].path
-    with open(tmp_path / "s" / victim, "r+b") as f:  # same size, flipped bytes in the middle
-        f.seek(m.shards[1].bytes // 2)
-        chunk = f.read(16)
-        f.seek(m.shards[1].bytes // 2)
-        f.write(bytes(b ^ 0xFF for b in chunk))
+    flip_token_bytes(tmp_path / "s", m.shards[1])
     ld = loader(tmp_path / "s", fmt)
     with pytest.raises(ShardError) as e:
         drain(ld)
@@ -104,9 +116,7 @@ def test_single_foreign_shard_in_a_set_is_named(tmp_path):
 
 def test_skip_mode_masks_rows_warns_and_counts(tmp_path, caplog):
     m = token_set(tmp_path / "s")
-    with open(tmp_path / "s" / m.shards[1].path, "r+b") as f:
-        f.seek(200)
-        f.write(b"\x00garbage\x00")
+    flip_token_bytes(tmp_path / "s", m.shards[1])
     ld = loader(tmp_path / "s", on_bad_shard="skip")
     masked = good = 0
     with caplog.at_level(logging.WARNING):

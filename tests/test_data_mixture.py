@@ -99,13 +99,27 @@ def test_stop_on_2_ranks_resume_on_other_world_sizes(mixture, resume_world):
     assert epochs["web"]["samples"] == sum(1 for s in first if full[s].max() // 100 == 1)
 
 
-def test_epochs_revisit_every_window_once(mixture):
-    """Within an epoch every window of a source appears exactly once (shuffled within blocks)."""
+def test_epochs_cover_every_token_once_in_a_new_order(mixture):
+    """Epoch e reads every window of the stream of the shards in that epoch's order exactly once: put back in
+    window order, its rows are that stream (every token a target once); the next epoch has another order."""
+    from titanloop.data.shard_format import decode_shard
+
     fmt, sources = mixture
     cfg = DataConfig(kind=fmt, sources=sources[2:3], seed=3, shuffle_block=8, prefetch=0)
-    ld = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=1, global_batch_size=1, dp_rank=0, dp_world=1,
+    ld = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=1, global_batch_size=4, dp_rank=0, dp_world=1,
                           vocab_size=1024)
-    windows = ld.sources[0].windows
-    rows = [tuple(next(ld)["input_ids"][0].tolist()) for _ in range(2 * windows)]
-    assert len(set(rows[:windows])) == windows and set(rows[:windows]) == set(rows[windows:])
-    assert rows[:windows] != rows[windows:]  # a new permutation each epoch
+    src = ld.sources[0]
+    shards = [decode_shard(fmt, src.fetcher.read(s.path), src.manifest.dtype, s.path).tokens
+              for s in src.manifest.shards]
+    n, orders = src.windows, []
+    rows = [next(ld)["input_ids"][0].tolist() for _ in range(2 * n)]
+    for e in range(2):
+        windows = [src._locate(k)[4] for k in range(e * n, (e + 1) * n)]
+        assert sorted(windows) == list(range(n))
+        by_window = [rows[e * n + i] for i in np.argsort(windows)]
+        order = src._epoch(e)[0]
+        stream = np.concatenate([shards[s] for s in order])
+        assert np.concatenate(by_window).tolist() == stream[:n * SEQ].tolist()
+        orders.append(order.tolist())
+    assert orders[0] != orders[1]
+    ld.close()

@@ -72,19 +72,22 @@ def test_tokenize_roundtrip_is_token_exact(corpus, tmp_path, fmt):
     assert m.tokenizer["fingerprint"] == tokenizer_fingerprint(corpus["tokenizer"])
     assert m.inputs == files
 
-    # The loader (stream order) reproduces the concatenated token stream exactly, with document ids.
+    # The loader (one lane, stream order) reproduces the token stream of the epoch's shard order exactly,
+    # with document ids.
     seq = 64
     cfg = DataConfig(kind=fmt, sources=[SourceConfig(out)], tokenizer=corpus["tokenizer"], shuffle_block=1,
                      prefetch=0)
-    loader = build_dataloader(cfg, seq_len=seq, micro_batch_size=4, global_batch_size=4, dp_rank=0,
+    loader = build_dataloader(cfg, seq_len=seq, micro_batch_size=1, global_batch_size=1, dp_rank=0,
                               dp_world=1, vocab_size=400)
-    stream = np.concatenate([w[0] for w in want])
-    rows = [next(loader) for _ in range(5)]
+    docs = [s.tokens[a:b] for i in loader.sources[0]._epoch(0)[0]
+            for s in [shards[i]] for a, b in zip(s.doc_starts[:-1], s.doc_starts[1:])]
+    stream = np.concatenate(docs)
+    rows = [next(loader) for _ in range(20)]
     inputs_ = np.concatenate([r["input_ids"].reshape(-1).numpy() for r in rows])
     assert np.array_equal(inputs_, stream[:len(inputs_)])
     labels = np.concatenate([r["labels"].reshape(-1).numpy() for r in rows])
     assert np.array_equal(labels, stream[1:len(labels) + 1])
-    starts = np.cumsum([len(w[0]) for w in want])  # document starts in the stream (after each EOS)
+    starts = np.cumsum([len(d) for d in docs])  # document starts in the stream (after each EOS)
     first_row_docs = rows[0]["doc_ids"][0].numpy()
     assert np.array_equal(np.flatnonzero(np.diff(first_row_docs)) + 1, starts[starts < seq])
 

@@ -41,11 +41,12 @@ class DataConfig:
     # kind = mds | webdataset
     sources: list[SourceConfig] = field(default_factory=list)
     tokenizer: str | None = None  # tokenizer.json path; when set, every manifest's fingerprint must match it
-    shuffle_block: int = 256  # packed windows shuffled within blocks of this many (1 = stream order)
+    shuffle_block: int = 32  # windows a lane reads as one byte range and shuffles (1 = stream order)
     on_bad_shard: str = "error"  # error: one-line ShardError | skip: warn, count, emit the rows fully masked
     verify_checksums: bool = True  # compare each shard's sha1 with the manifest when it is first read
-    cache_dir: str | None = None  # where remote (s3://, gs://) shards are downloaded; default a temp dir
-    shard_cache: int = 4  # decoded shards kept in memory per source
+    cache_dir: str | None = None  # where non-s3 remote (gs://, ...) shards are downloaded; default a temp dir
+    cache_mb: int = 512  # memory for fetched blocks and shard indexes, per source (LRU)
+    io_retries: int = 5  # retries of a transient s3:// error (exponential backoff from 0.2 s)
 
     # kind = synthetic_task
     task: str = "mano"  # mano | addition | xor | multihop
@@ -64,7 +65,8 @@ class DataConfig:
         require_choice(self.split, "data.split", ("train", "eval"))
         require(int(self.shuffle_block) >= 1, "data.shuffle_block", self.shuffle_block, "an integer >= 1")
         require(int(self.prefetch) >= 0, "data.prefetch", self.prefetch, "an integer >= 0")
-        require(int(self.shard_cache) >= 1, "data.shard_cache", self.shard_cache, "an integer >= 1")
+        require(int(self.cache_mb) >= 1, "data.cache_mb", self.cache_mb, "an integer >= 1 (MiB)")
+        require(int(self.io_retries) >= 0, "data.io_retries", self.io_retries, "an integer >= 0")
         if self.kind in ("mds", "webdataset"):
             require(len(self.sources) >= 1, "data.sources", self.sources,
                     f"at least one {{path, weight}} shard set for data.kind={self.kind!r}")

@@ -1,9 +1,13 @@
 """The trainer's data loader: infinite micro-batches of packed rows, global resume state, background prefetch.
 
 Global sample sequence. Optimizer step s consumes global samples [s*G, (s+1)*G) (G = global_batch_size in
-sequences); `schedule.mixture_assignments` maps each one to (source, row). Rank r of W reads the contiguous
-block [r*G/W, (r+1)*G/W) of every global batch, split into grad_accum = G / (micro_batch_size*W) micro-batches.
-With a batch schedule (the stage-1 batch ramp) G = G(s) varies by step but never by W.
+sequences); `schedule.mixture_assignments` maps each one to (source, row). Which rank reads which sample:
+shard sources have lanes (titanloop.data.shards; lanes per source = its share of global_batch_size); lane l of
+the Lambda lanes of all sources belongs to rank floor(l*W/Lambda), and a rank reads the samples of its lanes
+(`schedule.assign_ranks` hands the few surplus samples of a step to ranks short of G/W). Synthetic sources:
+rank r reads the contiguous block [r*G/W, (r+1)*G/W). Each rank's G/W samples, in global order, are split into
+grad_accum = G / (micro_batch_size*W) micro-batches. With a batch schedule (the stage-1 batch ramp) G = G(s)
+varies by step but never by W.
 The sequence never depends on W, so `state_dict()` -- samples consumed per source at the last completed
 step -- is the same on every rank and resumes on any number of ranks without repeating or skipping a sample.
 
@@ -17,11 +21,32 @@ from __future__ import annotations
 import queue
 import threading
 
+import numpy as np
+
 from titanloop.config_errors import ConfigError, require
 from titanloop.data.packing import rows_to_batch
-from titanloop.data.schedule import mixture_assignments, rank_slice
+from titanloop.data.schedule import assign_ranks, lane_quotas, mixture_arrays
 
 STATE_VERSION = 1
+
+
+def _assignment(js: np.ndarray, ks: np.ndarray, world: int, lane_base: tuple, layout: tuple):
+    """(lane owner, assigned rank) of every sample of a global batch; the last few are cached because every
+    simulated rank (titanloop.data.locality) asks for the same step."""
+    key = (js.ctypes.data, ks.ctypes.data, len(js), world, lane_base, layout)  # js/ks: cached, read-only arrays
+    if key not in _ASSIGNED:
+        lane = np.empty(len(js), dtype=np.int64)
+        for j, (windows, lanes) in enumerate(layout):
+            sel = js == j
+            lane[sel] = lane_base[j] + (ks[sel] % windows) % lanes
+        owner = lane * world // lane_base[-1]
+        if len(_ASSIGNED) >= 64:
+            _ASSIGNED.pop(next(iter(_ASSIGNED)))
+        _ASSIGNED[key] = (js, ks), owner, assign_ranks(owner, world)  # js/ks kept alive: addresses stay unique
+    return _ASSIGNED[key][1:]
+
+
+_ASSIGNED: dict = {}
 
 
 class PackedLoader:
@@ -44,6 +69,12 @@ class PackedLoader:
         # step (0-based) -> global batch in sequences; None = global_batch_size for every step
         self.batch_schedule = batch_schedule
         self.prefetch = prefetch
+        self._lane_base = None  # first global lane of each source (shard sources only)
+        if all(hasattr(s, "set_lanes") for s in self.sources):
+            quotas = lane_quotas(self.weights, global_batch_size)
+            for s, q in zip(self.sources, quotas):
+                s.set_lanes(q)
+            self._lane_base = np.concatenate([[0], np.cumsum(quotas)]).astype(np.int64)
         self._counts = [0] * len(self.sources)  # per-source samples consumed at the last completed step
         self._steps = 0
         self._thread: threading.Thread | None = None
@@ -107,21 +138,36 @@ class PackedLoader:
                 f"a multiple of micro_batch_size*dp_world={self.micro_batch_size * self.dp_world} at step {step}")
         return g // (self.micro_batch_size * self.dp_world)
 
+    def rank_samples(self, js: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions in the global batch (sources js, rows ks) that this rank reads, in order, and whether each
+        is in one of its own lanes (else it reads just that row)."""
+        g = len(js)
+        if self._lane_base is None:
+            per_rank = g // self.dp_world
+            return np.arange(self.dp_rank * per_rank, (self.dp_rank + 1) * per_rank), np.ones(per_rank, bool)
+        owner, assigned = _assignment(js, ks, self.dp_world, tuple(self._lane_base.tolist()),
+                                      tuple((s.windows, s.lanes) for s in self.sources))
+        mine = np.flatnonzero(assigned == self.dp_rank)
+        return mine, owner[mine] == self.dp_rank
+
     def _produce(self, counts: list[int], steps: int):
         """Yield (micro-batch, (counts, steps) after the step or None) forever, from the given global state."""
         while True:
             g, accum = self.batch_at(steps), self.grad_accum_at(steps)
-            lo, hi = rank_slice(g, self.micro_batch_size, self.dp_rank, self.dp_world)
             start = sum(counts)
-            picks, counts = mixture_assignments(counts, self.weights, g)
+            js, ks, counts = mixture_arrays(counts, self.weights, g)
             steps += 1
-            mine = picks[lo:hi]
+            mine, local = self.rank_samples(js, ks)
+            mbs = self.micro_batch_size
             for m in range(accum):
-                chunk = mine[m * self.micro_batch_size:(m + 1) * self.micro_batch_size]
-                rows = [self.sources[j].row(k) for j, k in chunk]
-                ids = [start + lo + m * self.micro_batch_size + i for i in range(len(chunk))]
+                pos = mine[m * mbs:(m + 1) * mbs]
+                if self._lane_base is None:
+                    rows = [self.sources[js[p]].row(int(ks[p])) for p in pos]
+                else:
+                    rows = [self.sources[js[p]].row(int(ks[p]), bool(own))
+                            for p, own in zip(pos, local[m * mbs:(m + 1) * mbs])]
                 last = m == accum - 1
-                yield rows_to_batch(rows, ids), ((list(counts), steps) if last else None)
+                yield rows_to_batch(rows, [start + int(p) for p in pos]), ((list(counts), steps) if last else None)
 
     def _start(self):
         produce = self._produce(list(self._counts), self._steps)

@@ -19,7 +19,17 @@ manifest.json (version 1):
    "tokenizer": {"fingerprint": "sha1:...", "vocab_size": 49152, "eos_id": 0, "path": "..."},
    "dtype": "uint16", "documents": D, "tokens": T, "inputs": [...],
    "shards": [{"path": "part-00000/shard.00000.mds", "documents": d, "tokens": t, "bytes": b, "sha1": "...",
-               "tokenizer": "sha1:..."}, ...]}
+               "tokenizer": "sha1:...", "index": "part-00000/shard.00000.mds.idx", "index_bytes": i,
+               "index_sha1": "..."}, ...]}
+
+Shard index (`<shard>.idx`, written beside every shard; optional: sets without it are read whole), little-endian
+uint32: magic "TLIX", documents D, size_field_rel; token_start [D+1] (first token of each document in the
+shard); then one 16-byte record per document: record_start (byte offset of its record: MDS sample / first tar
+member header), payload_off (byte offset of its token bytes), prompt_len, crc32 (of its token bytes).
+size_field_rel says where a record stores its token-byte count (MDS: u32 at record_start + size_field_rel;
+tar: octal size at payload_off - 512 + 124). A reader fetches the token table once (4 bytes per document) and
+then only the records of the documents it reads, so a token range of a shard costs one byte range of the
+shard plus one small range of the index (titanloop.data.shards).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import io
 import json
 import os
 import tarfile
+import zlib
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -37,6 +48,7 @@ from titanloop.config_errors import ConfigError
 from titanloop.data.errors import ShardError
 
 MANIFEST = "manifest.json"
+INDEX_SUFFIX = ".idx"
 MANIFEST_VERSION = 1
 FORMATS = ("mds", "webdataset")
 MDS_COLUMNS = {"tokens": "bytes", "id": "str", "prompt_len": "int", "meta": "json"}
@@ -55,6 +67,9 @@ class ShardInfo:
     bytes: int
     sha1: str
     tokenizer: str  # fingerprint of the tokenizer that wrote it
+    index: str | None = None  # relative path of the shard index (None: the shard is read whole)
+    index_bytes: int = 0
+    index_sha1: str | None = None
 
 
 @dataclass
@@ -159,7 +174,11 @@ class ShardWriter:
     def _describe(self, rel: str, documents: int, tokens: int) -> ShardInfo:
         with open(os.path.join(self.out_dir, rel), "rb") as f:
             data = f.read()
-        return ShardInfo(rel, documents, tokens, len(data), sha1_bytes(data), self.fingerprint)
+        index = build_index(self.fmt, data, self.dtype.name, rel)
+        with open(os.path.join(self.out_dir, rel + INDEX_SUFFIX), "wb") as f:
+            f.write(index)
+        return ShardInfo(rel, documents, tokens, len(data), sha1_bytes(data), self.fingerprint,
+                         rel + INDEX_SUFFIX, len(index), sha1_bytes(index))
 
     def finish(self) -> list[ShardInfo]:
         if self.fmt == "webdataset":
@@ -188,22 +207,94 @@ class ShardData:
     ids: list[str]
 
 
-def decode_shard(fmt: str, data: bytes, dtype: str, where: str) -> ShardData:
-    """Parse a whole shard file; any structural problem is a ShardError naming `where`."""
+@dataclass
+class _Scan:
+    """Where every document of a shard file lies: record start, token-payload offset and length (bytes)."""
+
+    record_start: list[int] = field(default_factory=list)
+    payload_off: list[int] = field(default_factory=list)
+    payload_len: list[int] = field(default_factory=list)
+    prompt_lens: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    size_field_rel: int = 0
+
+
+def _scan(fmt: str, data: bytes, where: str) -> _Scan:
     try:
-        pieces, prompt_lens, ids = (_decode_mds if fmt == "mds" else _decode_tar)(data)
+        return (_scan_mds if fmt == "mds" else _scan_tar)(data)
     except ShardError:
         raise
     except Exception as e:  # malformed bytes surface as many exception types
         raise ShardError(where, f"cannot be decoded as {fmt} ({type(e).__name__}: {e}); it is corrupt or "
                                 "truncated") from None
+
+
+def decode_shard(fmt: str, data: bytes, dtype: str, where: str) -> ShardData:
+    """Parse a whole shard file; any structural problem is a ShardError naming `where`."""
+    sc = _scan(fmt, data, where)
     width = np.dtype(dtype).itemsize
-    if any(len(p) % width for p in pieces):
+    if any(n % width for n in sc.payload_len):
         raise ShardError(where, f"a document's token bytes are not a multiple of {dtype}; corrupt shard")
-    tokens = np.frombuffer(b"".join(pieces), dtype=dtype)
-    lengths = np.fromiter((len(p) // width for p in pieces), dtype=np.int64, count=len(pieces))
-    doc_starts = np.concatenate([[0], np.cumsum(lengths)])
-    return ShardData(tokens, doc_starts, np.asarray(prompt_lens, dtype=np.int64), ids)
+    tokens = np.frombuffer(b"".join(data[o:o + n] for o, n in zip(sc.payload_off, sc.payload_len)), dtype=dtype)
+    lengths = np.asarray(sc.payload_len, dtype=np.int64) // width
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return ShardData(tokens, doc_starts, np.asarray(sc.prompt_lens, dtype=np.int64), sc.ids)
+
+
+INDEX_MAGIC = b"TLIX"
+INDEX_HEADER = 12  # magic, documents D (u32), size_field_rel (u32)
+INDEX_RECORD = 16  # per document: record_start, payload_off, prompt_len, crc32 (u32 each)
+
+
+def build_index(fmt: str, data: bytes, dtype: str, where: str) -> bytes:
+    """The shard index (module docstring) of a whole shard file."""
+    sc = _scan(fmt, data, where)
+    width = np.dtype(dtype).itemsize
+    if any(n % width for n in sc.payload_len):
+        raise ShardError(where, f"a document's token bytes are not a multiple of {dtype}; corrupt shard")
+    if len(data) >= 1 << 32:
+        raise ShardError(where, "is 4 GiB or larger", "write smaller shards (--shard-bytes)")
+    lengths = np.asarray(sc.payload_len, dtype=np.int64) // width
+    crc = [zlib.crc32(data[o:o + n]) for o, n in zip(sc.payload_off, sc.payload_len)]
+    records = np.stack([sc.record_start, sc.payload_off, sc.prompt_lens, crc], axis=1) if crc else np.zeros((0, 4))
+    return (INDEX_MAGIC + np.asarray([len(crc), sc.size_field_rel], "<u4").tobytes()
+            + np.concatenate([[0], np.cumsum(lengths)]).astype("<u4").tobytes() + records.astype("<u4").tobytes())
+
+
+@dataclass
+class ShardIndex:
+    """The head of a shard index (token_start) and, for a range of documents, their records."""
+
+    token_start: np.ndarray  # int64 [D+1]
+    size_field_rel: int
+
+    @property
+    def head_bytes(self) -> int:
+        return INDEX_HEADER + 4 * len(self.token_start)
+
+    @classmethod
+    def parse_head(cls, data: bytes, where: str) -> "ShardIndex":
+        """From the first bytes of an index (at least INDEX_HEADER; token_start if present)."""
+        if data[:4] != INDEX_MAGIC or len(data) < INDEX_HEADER:
+            raise ShardError(where, "is not a titanloop shard index", "re-create the shard set")
+        n, rel = np.frombuffer(data[4:INDEX_HEADER], "<u4").tolist()
+        head = data[INDEX_HEADER:INDEX_HEADER + 4 * (n + 1)]
+        if len(head) != 4 * (n + 1):
+            raise ShardError(where, f"ends inside its token table ({len(data)} bytes for {n} documents)")
+        starts = np.frombuffer(head, "<u4").astype(np.int64)
+        if np.any(np.diff(starts) < 0):
+            raise ShardError(where, "token table is not increasing: corrupt")
+        return cls(starts, rel)
+
+    def records_range(self, i0: int, i1: int) -> tuple[int, int]:
+        """Byte range of the records of documents [i0, i1] in the index file."""
+        base = self.head_bytes
+        return base + INDEX_RECORD * i0, base + INDEX_RECORD * (i1 + 1)
+
+    @staticmethod
+    def parse_records(data: bytes) -> np.ndarray:
+        """int64 [n, 4]: record_start, payload_off, prompt_len, crc32."""
+        return np.frombuffer(data, "<u4").astype(np.int64).reshape(-1, 4)
 
 
 def _mds_decode(encoding: str, raw: bytes):
@@ -218,7 +309,7 @@ def _mds_decode(encoding: str, raw: bytes):
     raise ValueError(f"unexpected MDS column encoding {encoding!r}")
 
 
-def _decode_mds(data: bytes):
+def _scan_mds(data: bytes) -> _Scan:
     n = int(np.frombuffer(data[:4], np.uint32)[0])
     offsets = np.frombuffer(data[4:8 + 4 * n], np.uint32).astype(np.int64)
     if len(offsets) != n + 1 or offsets[-1] != len(data):
@@ -228,47 +319,56 @@ def _decode_mds(data: bytes):
     names, encodings, sizes = config["column_names"], config["column_encodings"], config["column_sizes"]
     if sorted(names) != sorted(MDS_COLUMNS):
         raise ValueError(f"columns {names} are not the titanloop columns {sorted(MDS_COLUMNS)}")
-    n_var = sum(1 for s in sizes if not s)
-    pieces, prompt_lens, ids = [], [], []
+    var_names = [name for name, size in zip(names, sizes) if not size]
+    sc = _Scan(size_field_rel=4 * var_names.index("tokens"))
     for i in range(n):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
-        var_sizes = iter(np.frombuffer(data[lo:lo + 4 * n_var], np.uint32).tolist())
-        pos = lo + 4 * n_var
-        sample = {}
+        var_sizes = iter(np.frombuffer(data[lo:lo + 4 * len(var_names)], np.uint32).tolist())
+        pos = lo + 4 * len(var_names)
         for name, enc, size in zip(names, encodings, sizes):
             size = size or next(var_sizes)
-            raw = data[pos:pos + size]
-            sample[name] = raw if name == "tokens" else _mds_decode(enc, raw)
+            if name == "tokens":
+                sc.payload_off.append(pos)
+                sc.payload_len.append(size)
+            elif name == "id":
+                sc.ids.append(_mds_decode(enc, data[pos:pos + size]))
+            elif name == "prompt_len":
+                sc.prompt_lens.append(_mds_decode(enc, data[pos:pos + size]))
             pos += size
         if pos != hi:
             raise ValueError(f"sample {i} spans {pos - lo} bytes, its offsets say {hi - lo}")
-        pieces.append(sample["tokens"])
-        prompt_lens.append(sample["prompt_len"])
-        ids.append(sample["id"])
-    return pieces, prompt_lens, ids
+        sc.record_start.append(lo)
+    return sc
 
 
-def _decode_tar(data: bytes):
-    pieces, prompt_lens, ids = [], [], []
+def _scan_tar(data: bytes) -> _Scan:
+    sc = _Scan(size_field_rel=124)  # ustar header: 12-byte octal size at offset 124
     pending: dict[str, dict] = {}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar:
             if not member.isfile():
                 continue
             key, _, ext = member.name.partition(".")
-            payload = tar.extractfile(member).read()
-            if len(payload) != member.size:
+            if member.offset_data + member.size > len(data):
                 raise ValueError(f"member {member.name} is truncated")
-            sample = pending.setdefault(key, {})
-            sample[ext] = payload
+            sample = pending.setdefault(key, {"start": member.offset})
+            if ext == "tokens":
+                if member.offset_data - member.offset != 512:
+                    raise ValueError(f"member {member.name} has extended headers; write shards with TarWriter")
+                sample["tokens"] = (member.offset_data, member.size)
+            else:
+                sample[ext] = data[member.offset_data:member.offset_data + member.size]
             if "tokens" in sample and "json" in sample:
-                info = json.loads(pending.pop(key)["json"])
-                pieces.append(sample["tokens"])
-                prompt_lens.append(int(info["prompt_len"]))
-                ids.append(info["id"])
+                done = pending.pop(key)
+                info = json.loads(done["json"])
+                sc.record_start.append(done["start"])
+                sc.payload_off.append(done["tokens"][0])
+                sc.payload_len.append(done["tokens"][1])
+                sc.prompt_lens.append(int(info["prompt_len"]))
+                sc.ids.append(info["id"])
     if pending:
         raise ValueError(f"incomplete samples {sorted(pending)[:3]}")
-    return pieces, prompt_lens, ids
+    return sc
 
 
 def write_shard_set(out: str, fmt: str, source: str, documents, tokenizer: dict,

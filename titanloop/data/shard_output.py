@@ -55,7 +55,7 @@ class OutputDir:
         from streaming.base.storage import CloudUploader
 
         uploader = CloudUploader.get((self.local, self.out), keep_local=False)
-        files = [s.path for s in manifest.shards]
+        files = [s.path for s in manifest.shards] + [s.index for s in manifest.shards if s.index]
         if manifest.format == "mds":
             files += sorted({os.path.dirname(s.path) + "/index.json" for s in manifest.shards}) + ["index.json"]
         for rel in files + [MANIFEST]:  # manifest last
