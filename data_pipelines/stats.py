@@ -2,8 +2,9 @@
 
     python -m data_pipelines.stats /data/shards/fineweb-edu /data/shards/nemotron [--verify] [--json out.json]
 
-Reads only the manifests unless --verify, which reads every shard, checks its sha1 and its document and
-token counts against the manifest, and exits nonzero naming the first bad shard.
+Reads only the manifests unless --verify, which reads every shard and its index, checks their sha1, the
+document and token counts against the manifest and the index against the shard, and exits nonzero naming the
+first bad shard.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
 
     from titanloop.data.errors import ShardError
-    from titanloop.data.shard_format import decode_shard, sha1_bytes
+    from titanloop.data.shard_format import build_index, decode_shard, sha1_bytes
     from titanloop.data.shards import ShardFetcher, read_manifest
 
     rows, total_docs, total_tokens = [], 0, 0
@@ -39,6 +40,11 @@ def main(argv=None) -> None:
                     shard = decode_shard(m.format, data, m.dtype, where)
                     if len(shard.doc_starts) - 1 != info.documents or len(shard.tokens) != info.tokens:
                         raise ShardError(where, "document or token count differs from the manifest")
+                    if info.index:
+                        index = fetcher.read(info.index)
+                        if sha1_bytes(index) != info.index_sha1 or index != build_index(m.format, data, m.dtype, where):
+                            raise ShardError(fetcher.location(info.index), "differs from its shard or the manifest",
+                                             "re-create the shard set")
         except ShardError as e:
             raise SystemExit(f"error: {e}") from None
         rows.append({"path": path, "source": m.source, "format": m.format, "documents": m.documents,
@@ -56,7 +62,7 @@ def main(argv=None) -> None:
               f"{share:>7.1%}  {r['tokenizer'][:17]}")
     print(f"{'total':<20} {'':<10} {sum(r['shards'] for r in rows):>7} {total_docs:>12,} {total_tokens:>15,}")
     if a.verify:
-        print("all shards verified (sha1, documents, tokens)", file=sys.stderr)
+        print("all shards verified (sha1, documents, tokens, index)", file=sys.stderr)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"sets": rows, "documents": total_docs, "tokens": total_tokens}, f, indent=1)
