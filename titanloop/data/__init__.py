@@ -45,7 +45,7 @@ def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, gl
         weights = [s.weight for s in cfg.sources]
     return PackedLoader(sources, weights, kind=cfg.kind, seed=cfg.seed, micro_batch_size=micro_batch_size,
                         global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world=dp_world,
-                        prefetch=cfg.prefetch, batch_schedule=batch_schedule)
+                        prefetch=cfg.prefetch, batch_schedule=batch_schedule, trace_dir=cfg.trace_samples)
 
 
 __all__ = ["DataConfig", "SourceConfig", "build_dataloader", "PackedLoader", "ShardError", "ConfigError"]

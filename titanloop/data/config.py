@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from titanloop.config_errors import from_dict_strict, require, require_choice
 
-KINDS = ("synthetic_text", "synthetic_task", "mds", "webdataset")
+KINDS = ("synthetic_text", "synthetic_task", "mds", "webdataset", "shards")
+SHARD_KINDS = ("mds", "webdataset", "shards")  # shards: each source in the format its manifest names
 ON_BAD_SHARD = ("error", "skip")
 
 
@@ -35,10 +36,10 @@ class SourceConfig:
 
 @dataclass
 class DataConfig:
-    kind: str = "synthetic_text"  # synthetic_text | synthetic_task | mds | webdataset
+    kind: str = "synthetic_text"  # synthetic_text | synthetic_task | mds | webdataset | shards (mds and/or wds)
     seed: int = 0  # fixes the global sample sequence (synthetic content, shuffle blocks)
 
-    # kind = mds | webdataset
+    # kind = mds | webdataset | shards
     sources: list[SourceConfig] = field(default_factory=list)
     tokenizer: str | None = None  # tokenizer.json path; when set, every manifest's fingerprint must match it
     shuffle_block: int = 32  # windows a lane reads as one byte range and shuffles (1 = stream order)
@@ -54,6 +55,8 @@ class DataConfig:
     split: str = "train"  # train | eval (held-out examples)
 
     prefetch: int = 4  # micro-batches prepared ahead by a background thread (0 = synchronous)
+    trace_samples: str | None = None  # audit aid: directory; each rank appends (step, sample id, source, row,
+    #                                   tokens hash) of every micro-batch it returns to rank-<r>.jsonl
 
     def __post_init__(self):
         self.sources = [s if isinstance(s, SourceConfig) else SourceConfig(**s) for s in self.sources]
@@ -67,7 +70,7 @@ class DataConfig:
         require(int(self.prefetch) >= 0, "data.prefetch", self.prefetch, "an integer >= 0")
         require(int(self.cache_mb) >= 1, "data.cache_mb", self.cache_mb, "an integer >= 1 (MiB)")
         require(int(self.io_retries) >= 0, "data.io_retries", self.io_retries, "an integer >= 0")
-        if self.kind in ("mds", "webdataset"):
+        if self.kind in SHARD_KINDS:
             require(len(self.sources) >= 1, "data.sources", self.sources,
                     f"at least one {{path, weight}} shard set for data.kind={self.kind!r}")
             names = [s.name for s in self.sources if s.name is not None]

@@ -18,6 +18,9 @@ State format (JSON-serializable, version 1):
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import queue
 import threading
 
@@ -53,7 +56,7 @@ class PackedLoader:
     """Iterator over micro-batches for one data-parallel rank (see the module docstring for the layout)."""
 
     def __init__(self, sources, weights, *, kind: str, seed: int, micro_batch_size: int, global_batch_size: int,
-                 dp_rank: int, dp_world: int, prefetch: int = 4, batch_schedule=None):
+                 dp_rank: int, dp_world: int, prefetch: int = 4, batch_schedule=None, trace_dir: str | None = None):
         require(dp_world >= 1, "dp_world", dp_world, "an integer >= 1")
         require(0 <= dp_rank < dp_world, "dp_rank", dp_rank, f"an integer in [0, {dp_world})")
         require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
@@ -69,6 +72,10 @@ class PackedLoader:
         # step (0-based) -> global batch in sequences; None = global_batch_size for every step
         self.batch_schedule = batch_schedule
         self.prefetch = prefetch
+        self.trace_path = None
+        if trace_dir:
+            os.makedirs(trace_dir, exist_ok=True)
+            self.trace_path = os.path.join(trace_dir, f"rank-{dp_rank}.jsonl")
         self._lane_base = None  # first global lane of each source (shard sources only)
         if all(hasattr(s, "set_lanes") for s in self.sources):
             quotas = lane_quotas(self.weights, global_batch_size)
@@ -122,10 +129,19 @@ class PackedLoader:
     def __next__(self) -> dict:
         if self._gen is None:
             self._gen = self._start()
-        batch, state_after = next(self._gen)
+        batch, state_after, (step, rows) = next(self._gen)
+        if self.trace_path:
+            self._trace(batch, step, rows)
         if state_after is not None:  # last micro-batch of an optimizer step
             self._counts, self._steps = state_after
         return batch
+
+    def _trace(self, batch: dict, step: int, rows: list) -> None:
+        lines = [json.dumps({"step": step, "id": sid, "source": self.sources[j].name, "row": k, "world": self.dp_world,
+                             "tokens": hashlib.sha1(x.numpy().tobytes()).hexdigest()[:16]}) + "\n"
+                 for sid, (j, k), x in zip(batch["sample_ids"].tolist(), rows, batch["input_ids"])]
+        with open(self.trace_path, "a") as f:
+            f.writelines(lines)
 
     def batch_at(self, step: int) -> int:
         """Global batch (sequences) of optimizer step `step` (0-based)."""
@@ -167,7 +183,9 @@ class PackedLoader:
                     rows = [self.sources[js[p]].row(int(ks[p]), bool(own))
                             for p, own in zip(pos, local[m * mbs:(m + 1) * mbs])]
                 last = m == accum - 1
-                yield rows_to_batch(rows, [start + int(p) for p in pos]), ((list(counts), steps) if last else None)
+                picked = [(int(js[p]), int(ks[p])) for p in pos]
+                yield (rows_to_batch(rows, [start + int(p) for p in pos]), ((list(counts), steps) if last else None),
+                       (steps - 1, picked))
 
     def _start(self):
         produce = self._produce(list(self._counts), self._steps)

@@ -218,8 +218,9 @@ class ShardSource:
         self.seq_len, self.seed = seq_len, cfg.seed
         self.block = int(cfg.shuffle_block)
         self.on_bad_shard, self.verify = cfg.on_bad_shard, cfg.verify_checksums
-        require(m.format == cfg.kind, "data.kind", cfg.kind,
-                f"{m.format!r}: the shard set {src.path} is in {m.format} format")
+        if cfg.kind != "shards":
+            require(m.format == cfg.kind, "data.kind", cfg.kind,
+                    f"{m.format!r} (or 'shards'): the shard set {src.path} is in {m.format} format")
         fp = m.tokenizer.get("fingerprint")
         if expected_fingerprint is not None and fp != expected_fingerprint:
             raise ShardError(self.fetcher.location(MANIFEST), f"was written with tokenizer {fp}, "
