@@ -18,8 +18,8 @@ TOKENIZER = {"fingerprint": "sha1:locality-test", "vocab_size": VOCAB, "eos_id":
 @pytest.fixture(scope="module")
 def shard_sets(tmp_path_factory):
     """A 70/30 mixture with documents of 300-900 tokens (web-like) in ~8 KB shards (~170: fewer than the 1024
-    lanes), enough windows for STEPS steps of G rows. The mixture's lane quotas are fractional (716.8 / 307.2), so every step also
-    hands over surplus rows between ranks."""
+    lanes), enough windows for STEPS steps of G rows. The mixture's lane quotas are fractional (716.8 / 307.2),
+    so steps also hand surplus rows between ranks."""
     root = tmp_path_factory.mktemp("locality")
     need = STEPS * G * SEQ * 1.1
     for name, share, seed in (("web", 0.7, 1), ("code", 0.3, 2)):
