@@ -2,7 +2,9 @@
 from rank 0. The JSONL file holds the same numbers at full precision, one object per logged step.
 
 W&B: `metrics.wandb = "online" | "offline" | "off"`; WANDB_MODE=offline in the environment turns an
-online run into an offline one. The run id is created once and stored in `<run_dir>/wandb_run_id`, so a
+online run into an offline one. W&B never stops training: an online run that cannot reach W&B (wandb.init gives
+up after WANDB_INIT_TIMEOUT seconds, default 90) logs offline instead, and any later W&B error turns W&B off
+for the rest of the run (stdout and metrics.jsonl continue). The run id is created once and stored in `<run_dir>/wandb_run_id`, so a
 resumed job (same run_dir) continues the same W&B run. The API key is read by wandb itself from its usual
 places (WANDB_API_KEY, ~/.netrc); titanloop never reads, logs or stores it, and the W&B config is the
 training config (TrainConfig.to_dict), which has no secret fields.
@@ -63,10 +65,27 @@ class MetricsLogger:
         import wandb
 
         run_id = stable_run_id(run_dir)
-        self.run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.run_name or run_id,
-                              id=run_id, resume="allow", dir=str(run_dir), mode=mode, config=config_dict,
-                              settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False))
-        print(f"[titanloop] W&B {mode} run id {run_id} in {run_dir}", flush=True)
+        # Online first; if W&B cannot be reached (wandb.init gives up after WANDB_INIT_TIMEOUT s, default 90),
+        # the run logs offline into run_dir/wandb (upload later with `wandb sync`); if even that fails, W&B
+        # is off. Training never stops because of W&B.
+        for attempt in [mode, "offline"] if mode == "online" else [mode]:
+            try:
+                self.run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity,
+                                      name=cfg.run_name or run_id, id=run_id, resume="allow", dir=str(run_dir),
+                                      mode=attempt, config=config_dict,
+                                      settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False))
+                print(f"[titanloop] W&B {attempt} run id {run_id} in {run_dir}", flush=True)
+                break
+            except Exception as e:  # noqa: BLE001 - any W&B failure (CommError, UsageError, ...)
+                reason = (str(e).strip().splitlines() or [""])[0]
+                then = ("logging offline instead (upload later with `wandb sync`)" if attempt == "online" else
+                        "W&B is off for this run (stdout and metrics.jsonl continue)")
+                print(f"[titanloop] warning: W&B {attempt} init failed ({type(e).__name__}: {reason}); {then}",
+                      flush=True)
+                try:  # the failed run still holds its id in W&B's service: release it before the next attempt
+                    wandb.teardown()
+                except Exception:  # noqa: BLE001
+                    pass
 
     def log(self, step: int, scalars: dict, per_loop: dict) -> None:
         if self.rank != 0:
