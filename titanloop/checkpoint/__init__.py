@@ -6,7 +6,5 @@ from titanloop.checkpoint.checkpointer import Checkpointer
 from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.checkpoint.errors import CheckpointError
 from titanloop.checkpoint.preemption import EXIT_CODE_PREEMPTED, PreemptionMonitor
-from titanloop.checkpoint.trainer_hooks import Preempted, TrainerCheckpointer
 
-__all__ = ["Checkpointer", "CheckpointConfig", "CheckpointError", "PreemptionMonitor", "EXIT_CODE_PREEMPTED",
-           "Preempted", "TrainerCheckpointer"]
+__all__ = ["Checkpointer", "CheckpointConfig", "CheckpointError", "PreemptionMonitor", "EXIT_CODE_PREEMPTED"]

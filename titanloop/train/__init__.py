@@ -1,9 +1,11 @@
 """Distributed training of LoopLMs on torchtitan: `torchrun -m titanloop.train --config <file.toml>`.
 
-Modules: config (TOML schema + CLI overrides), cpu_shim (torchtitan on CPU), model_spec (torchtitan
-ModelSpec + Ouro HF state-dict adapter), objective (per-loop objective and statistics), metrics (stdout +
-W&B), trainer (LoopTrainer, a torchtitan Trainer). Importing this package does not import torchtitan's
-trainer; `titanloop.train.trainer` does. See docs/training.md.
+Modules, in the order a run uses them: config (TOML schema + CLI overrides, every check that needs no process
+group), startup (process group and meshes -> model -> engine -> data -> checkpointer, as small functions),
+engine (the seam to FSDP2 + TP: backward, optimizer step, checkpointable states), loop (`train()` and one
+step), objective (per-loop objective and statistics), callbacks (metrics, checkpointing, preemption,
+non-finite losses, GC), metrics (stdout, metrics.jsonl, W&B), cpu_shim (torchtitan on a CPU-only host).
+Importing this package imports no torchtitan module. See docs/training.md and docs/architecture.md.
 """
 from titanloop.train.config import TrainConfig, load_config
 

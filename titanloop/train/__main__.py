@@ -1,7 +1,8 @@
 """`torchrun -m titanloop.train --config train_configs/<name>.toml [--section.key value ...]`
 
 The config and the mesh are validated before any process group exists: bad input is a one-line
-`error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3.
+`error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3;
+a preempted run exits 75 after saving (titanloop.checkpoint.preemption).
 """
 
 from __future__ import annotations
@@ -43,40 +44,41 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from titanloop.train.trainer import LoopTrainer
+    from titanloop.train.callbacks import default_callbacks
+    from titanloop.train.loop import train
+    from titanloop.train.startup import build_run
 
     def report(e: ConfigError) -> None:
         # Problems found while starting (previous-stage checkpoint, resume state vs config): one line, exit 2.
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"error: {e}", file=sys.stderr)
 
+    run, callbacks = None, []
     try:
-        trainer = LoopTrainer(cfg)
+        run = build_run(cfg)
+        callbacks = default_callbacks(run)
+        print_summary(run)
+        return train(run, callbacks)
     except ConfigError as e:
         report(e)
-        if dist.is_initialized():
-            dist.destroy_process_group()
         return 2
-    error = None
-    try:
-        trainer.train()
-    except ConfigError as e:
-        error = e
     finally:
-        trainer.close()
-        stopped_on_nan = trainer.nan_streak >= cfg.training.max_nan_steps
-        if error is not None:
-            report(error)
+        for cb in callbacks:
+            cb.close()
+        if run is not None:
+            run.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-    if error is not None:
-        return 2
-    if stopped_on_nan:
-        if trainer.rank == 0:
-            print(f"error: stopped at step {trainer.step} after {trainer.nan_streak} non-finite losses in a row "
-                  f"(training.max_nan_steps={cfg.training.max_nan_steps})", file=sys.stderr)
-        return 3
-    return 0
+
+
+def print_summary(run) -> None:
+    cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
+    if mesh.rank == 0:
+        print(f"[titanloop] LoopLM {cfg.model.preset}: {run.n_params:,} parameters | world {mesh.world_size} "
+              f"= dp {mesh.dp_world} x tp {mesh.dims.tp} | {run.param_dtype} params on {mesh.device_type} | "
+              f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
+              f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
+              f"{cfg.loop_sampler.kind}", flush=True)
 
 
 if __name__ == "__main__":

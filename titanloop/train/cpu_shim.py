@@ -10,7 +10,8 @@ loaded torchtitan module (and in tools.utils, for modules imported later). CPU_D
 except that `current_device()` returns the index 0 rather than the string "cpu", because torchtitan's
 `set_pg_timeouts` passes it to `barrier(device_ids=[...])`, which needs integers. With CPU as the device, torchtitan's
 `init_distributed` picks the gloo backend (`Backend.default_device_backend_map["cpu"]`). Nothing is changed
-when CUDA is available. Call it before building any torchtitan component.
+when CUDA is available. titanloop.train.startup.init_mesh calls it first; torchtitan modules imported before
+or after the call see the CPU either way.
 """
 
 from __future__ import annotations

@@ -1,0 +1,172 @@
+"""Side concerns of the training loop as callbacks with named hooks (in the way OLMo-core's trainer has them).
+
+The loop (titanloop.train.loop.train) calls, on every callback in order:
+
+    pre_train(run)                    once, before the first step (resume happens here)
+    pre_step(run)                     before each step
+    pre_optim_step(run, result)       after the step's loss is reduced over ranks, before the optimizer step;
+                                      any callback returning False skips the optimizer step on every rank
+                                      (the decision must be the same on every rank: base it on reduced values)
+    post_step(run, result)            after each step (taken or skipped); may set run.state.exit_code to stop
+    close()                           always, at the end
+
+`default_callbacks(run)` lists them in the order they run: garbage collection, metrics (stdout, metrics.jsonl,
+W&B; speed and MFU), checkpointing, preemption, non-finite losses.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+
+from torchtitan.tools.utils import GarbageCollection
+
+from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
+from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
+
+EXIT_CODE_NONFINITE = 3
+
+
+@dataclass
+class StepResult:
+    """One optimizer step as the callbacks see it (loss and statistics are means over data-parallel ranks)."""
+
+    step: int
+    n_loops: int
+    loss: float
+    per_loop: dict  # name -> list of floats (ce, exit_prob, hidden_rms per loop; gate_entropy, jsrr: one value)
+    lr: float  # the LR of this step's optimizer step
+    seconds: float = 0.0  # wall time of the step (forward, backward, optimizer)
+    grad_norm: float | None = None  # None: the optimizer step was skipped
+    comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
+
+    @property
+    def skipped(self) -> bool:
+        return self.grad_norm is None
+
+
+class Callback:
+    def pre_train(self, run) -> None:
+        pass
+
+    def pre_step(self, run) -> None:
+        pass
+
+    def pre_optim_step(self, run, result: StepResult) -> bool:
+        return True
+
+    def post_step(self, run, result: StepResult) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class GarbageCollector(Callback):
+    """Python's GC off, a collection every `every` steps on every rank at once (torchtitan's GC control)."""
+
+    def __init__(self, every: int = 50):
+        self.gc = GarbageCollection(gc_freq=every)
+
+    def pre_step(self, run) -> None:
+        self.gc.run(run.state.step)
+
+
+class NonFiniteLoss(Callback):
+    """A non-finite loss on any rank (the reduced loss is then non-finite on every rank) skips the step on every
+    rank; `max_nan_steps` of them in a row stop the run with exit code 3."""
+
+    def __init__(self, max_in_a_row: int):
+        self.max_in_a_row = max_in_a_row
+
+    def pre_optim_step(self, run, result: StepResult) -> bool:
+        state = run.state
+        if math.isfinite(result.loss):
+            state.nan_streak = 0
+            return True
+        state.nan_streak += 1
+        state.skipped_steps += 1
+        if run.mesh.rank == 0:
+            print(f"step {result.step:5d} | non-finite loss ({result.loss}) on at least one rank: step skipped "
+                  f"({state.nan_streak} in a row, limit {self.max_in_a_row})", flush=True)
+        return False
+
+    def post_step(self, run, result: StepResult) -> None:
+        state = run.state
+        if state.nan_streak >= self.max_in_a_row and state.exit_code is None:
+            state.exit_code = EXIT_CODE_NONFINITE
+            if run.mesh.rank == 0:
+                print(f"error: stopped at step {state.step} after {state.nan_streak} non-finite losses in a row "
+                      f"(training.max_nan_steps={self.max_in_a_row})", file=sys.stderr, flush=True)
+
+
+class Metrics(Callback):
+    """Every `log_freq` steps (and step 1): loss, per-loop statistics, grad norm, LR, tokens/s, TFLOP/s and MFU
+    to stdout, <run_dir>/metrics.jsonl and W&B (titanloop.train.metrics)."""
+
+    def __init__(self, run):
+        cfg = run.cfg
+        self.log_freq = cfg.metrics.log_freq
+        self.logger = MetricsLogger(cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict())
+
+    def post_step(self, run, result: StepResult) -> None:
+        if result.skipped or (result.step % self.log_freq and result.step != 1):
+            return
+        cfg, mesh = run.cfg, run.mesh
+        per_loop = dict(result.per_loop)
+        seq_len = cfg.training.seq_len
+        tokens = run.dataloader.batch_at(result.step - 1) * seq_len
+        flops = cfg.looplm.flops_per_token(seq_len, n_loops=result.n_loops) * tokens / result.seconds
+        peak = H100_BF16_PEAK_FLOPS * mesh.world_size
+        scalars = {"loss": result.loss, "n_loops": result.n_loops, "gate_entropy": per_loop.pop("gate_entropy")[0],
+                   "grad_norm": result.grad_norm, "lr": result.lr, "tokens_per_s": tokens / result.seconds,
+                   "tflops": flops / 1e12, "skipped_steps": run.state.skipped_steps,
+                   "mfu": flops / peak if mesh.device_type == "cuda" else None}
+        if "jsrr" in per_loop:
+            scalars["jsrr"] = per_loop.pop("jsrr")[0]
+        scalars.update({f"comm/{kind}": n for kind, n in sorted(result.comms.items())})
+        self.logger.log(result.step, scalars, per_loop)
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+class Checkpointing(Callback):
+    """Resume from the newest checkpoint in the run dir; save every checkpoint.interval steps and at the end."""
+
+    def pre_train(self, run) -> None:
+        run.checkpointer.load_latest()
+
+    def post_step(self, run, result: StepResult) -> None:
+        ckpt, step = run.checkpointer, result.step
+        ckpt.maybe_save(step)
+        if step == run.cfg.training.steps and ckpt.last_saved_step != step:
+            ckpt.save(step, sync=True)
+
+
+class Preemption(Callback):
+    """SIGUSR1/SIGTERM on any rank (or the Slurm time running out): every rank saves at the same step boundary
+    and the run exits with code 75 so that the job is requeued (titanloop.checkpoint.preemption)."""
+
+    def __init__(self, run):
+        c = run.cfg.checkpoint
+        self.monitor = PreemptionMonitor(c.preemption_signals, slurm_time_margin_s=c.slurm_time_margin_s)
+
+    def post_step(self, run, result: StepResult) -> None:
+        ckpt, step = run.checkpointer, result.step
+        if not self.monitor.should_stop(step):
+            return
+        if ckpt.last_saved_step != step:
+            ckpt.save(step, sync=True)
+        ckpt.wait()
+        if run.mesh.rank == 0:
+            saved = "checkpoint saved" if ckpt.cfg.enable else "checkpointing is disabled, nothing saved"
+            print(f"[titanloop] preempted at step {step} ({self.monitor.reason}): {saved}, "
+                  f"exiting with code {EXIT_CODE_PREEMPTED} so the job is requeued", flush=True)
+        run.state.exit_code = EXIT_CODE_PREEMPTED
+
+
+def default_callbacks(run) -> list[Callback]:
+    return [GarbageCollector(), Metrics(run), Checkpointing(), Preemption(run),
+            NonFiniteLoss(run.cfg.training.max_nan_steps)]

@@ -1,0 +1,119 @@
+"""The engine seam: what the training loop needs from whatever holds the model, its gradients and optimizer.
+
+    engine.model                              the module to call (parallelized: FSDP2/TP/AC/compile here)
+    engine.zero_grad()                        drop gradients (start of a step, or a skipped step)
+    engine.backward(loss, last_micro_batch)   backward of one micro-batch's loss, already divided by the number
+                                              of micro-batches; gradients are synchronized over data-parallel
+                                              ranks only after the last micro-batch of the step
+    engine.step(max_norm) -> grad_norm        clip to max_norm (inf: measure only), optimizer step, LR step
+    engine.lr() -> float                      the learning rate the coming optimizer step uses
+    engine.checkpoint_states() -> dict        name -> object with state_dict()/load_state_dict() (or a bare
+                                              nn.Module) that titanloop.checkpoint saves and restores
+
+`FSDP2Engine` is the implementation: FSDP2 over the data-parallel mesh, tensor/sequence parallelism,
+activation checkpointing and per-layer compile (titanloop.parallel), torchtitan's optimizer and LR-scheduler
+containers. Another engine (e.g. DeepSpeed) implements the same six members and is chosen in
+`build_engine`; the loop (titanloop.train.loop) does not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+from torchtitan.distributed import utils as dist_utils
+
+from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gradient_sync
+from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
+from titanloop.recipe import stages
+from titanloop.recipe.schedules import StagedLRSchedulers
+from titanloop.train.config import TrainConfig
+
+
+class Engine(Protocol):
+    model: nn.Module
+
+    def zero_grad(self) -> None: ...
+
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None: ...
+
+    def step(self, max_norm: float) -> torch.Tensor: ...
+
+    def lr(self) -> float: ...
+
+    def checkpoint_states(self) -> dict[str, Any]: ...
+
+
+class FSDP2Engine:
+    def __init__(self, model: nn.Module, optimizers: OptimizersContainer, lr_schedulers: StagedLRSchedulers,
+                 mixed_meshes: bool):
+        self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
+        self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
+
+    def zero_grad(self) -> None:
+        self.optimizers.zero_grad()
+
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
+        set_gradient_sync(self.model, last_micro_batch)
+        loss.backward()
+        if last_micro_batch:
+            reshard_looped_layers(self.model)  # the looped stack stayed unsharded through all T backward calls
+
+    def step(self, max_norm: float) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.mixed_meshes:
+            grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
+        else:
+            grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=True)
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        return grad_norm
+
+    def lr(self) -> float:
+        return self.lr_schedulers.schedulers[0].get_last_lr()[0]
+
+    def checkpoint_states(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizers, "lr_scheduler": self.lr_schedulers}
+
+
+def parallelize(cfg: TrainConfig, model: nn.Module, mesh, param_dtype: torch.dtype) -> nn.Module:
+    """TP -> AC -> compile -> FSDP2 (titanloop.parallel), then onto the device in train mode."""
+    p = cfg.parallelism
+    model = parallelize_looplm(model, parallel_dims=mesh.dims, tp_mesh=mesh.tp_mesh,
+                               sequence_parallel=p.sequence_parallel, activation_checkpoint=p.activation_checkpoint,
+                               compile=p.compile, compile_backend=p.compile_backend, param_dtype=param_dtype,
+                               reduce_dtype=torch.float32, reshard_looped=p.reshard_looped)
+    model.to(mesh.device)
+    model.train()
+    return model
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, tp: int) -> OptimizersContainer:
+    o = cfg.optimizer
+    kwargs = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
+    config = OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=o.name, optimizer_kwargs=kwargs)],
+        # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
+        implementation="for-loop" if tp > 1 else "foreach")
+    return config.build(model_parts=[model])
+
+
+def build_lr_schedulers(cfg: TrainConfig, optimizers: OptimizersContainer) -> StagedLRSchedulers:
+    s = cfg.lr_scheduler
+    config = StagedLRSchedulers.Config(allow_schedule_change=s.allow_schedule_change, warmup_steps=s.warmup_steps,
+                                       decay_ratio=s.decay_ratio, decay_type=s.decay_type,
+                                       min_lr_factor=s.min_lr_factor)
+    return config.build(optimizers=optimizers, training_steps=cfg.training.steps)
+
+
+def build_engine(cfg: TrainConfig, model: nn.Module, mesh, param_dtype: torch.dtype, stage_init: bool) -> Engine:
+    """Parallelize the model, build its optimizer and LR schedule; a new stage may start from the previous
+    stage's optimizer state (titanloop.recipe.stages)."""
+    model = parallelize(cfg, model, mesh, param_dtype)
+    optimizers = build_optimizer(cfg, model, mesh.dims.tp)
+    lr_schedulers = build_lr_schedulers(cfg, optimizers)
+    if stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):
+        stages.load_previous_stage_optimizer(cfg.stage, optimizers, lr_schedulers)
+    return FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)

@@ -1,0 +1,109 @@
+"""The training loop of a LoopLM. `train(run, callbacks)` is the whole loop; `train_step` is one optimizer step.
+
+One step: T loops from the LoopSampler (a function of the step only, the same on every rank); for each
+micro-batch of the step (gradient accumulation; the batch-size ramp may change their number per step): forward
+T loops, the per-loop objective on the full sequence (titanloop.train.objective), backward through the engine
+(titanloop.train.engine); one all-reduce of [loss, per-loop statistics]; then the callbacks may veto the
+optimizer step (a non-finite loss on any rank skips it on every rank); clip, optimizer step, LR step.
+Everything else (metrics, checkpoints, preemption, ...) is a callback (titanloop.train.callbacks).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from titanloop.parallel import count_collectives, gather_sequence
+from titanloop.train.callbacks import Callback, StepResult
+from titanloop.train.objective import loop_objective
+from titanloop.train.startup import Mesh, Run
+
+
+def train(run: Run, callbacks: list[Callback]) -> int:
+    """Train until training.steps or until a callback stops the run; returns the exit code (0, 3 or 75)."""
+    state = run.state
+    for cb in callbacks:
+        cb.pre_train(run)  # Checkpointing resumes every state from the run dir here
+    batches = iter(run.dataloader)  # from the restored data position
+    while state.step < run.cfg.training.steps and state.exit_code is None:
+        state.step += 1
+        for cb in callbacks:
+            cb.pre_step(run)
+        result = train_step(run, batches, callbacks)
+        for cb in callbacks:
+            cb.post_step(run, result)  # metrics, checkpoint, preemption, non-finite stop
+    return state.exit_code or 0
+
+
+def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
+    """Forward/backward over the step's micro-batches, the all-reduced loss, then (unless a callback vetoes it)
+    clip + optimizer + LR step."""
+    cfg, engine, state = run.cfg, run.engine, run.state
+    start = time.perf_counter()
+    with count_collectives() if cfg.metrics.count_comms else nullcontext() as comms:
+        n_loops = run.loop_sampler(state.step)
+        accum = run.dataloader.grad_accum_at(state.step - 1)
+        engine.zero_grad()
+        lr = engine.lr()
+        loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
+        for i in range(accum):
+            loss, stats = forward_objective(run, next(batches), n_loops)
+            engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
+            loss_sum += loss.detach() / accum
+            stats = {k: v / accum for k, v in stats.items()}
+            stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
+        loss, per_loop = mean_over_ranks(loss_sum, stats_sum, run.mesh)
+        result = StepResult(state.step, n_loops, loss, per_loop, lr)
+        if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
+            max_norm = cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
+            result.grad_norm = float(engine.step(max_norm))
+        else:
+            engine.zero_grad()
+    result.seconds = time.perf_counter() - start
+    result.comms = dict(comms or {})
+    return result
+
+
+def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor, dict]:
+    """One micro-batch (a dict of CPU tensors from titanloop.data): forward T loops, then the objective on the
+    full sequence (gathered from the tp ranks under sequence parallelism). Returns (loss, statistics)."""
+    cfg, mesh, model = run.cfg, run.mesh, run.engine.model
+    input_ids = batch["input_ids"].to(mesh.device)
+    labels = batch["labels"].to(mesh.device)
+    doc_ids = batch["doc_ids"].to(mesh.device) if cfg.training.doc_masking else None
+    run.state.ntokens_seen += labels.numel()
+    out = model(input_ids, n_loops, doc_ids=doc_ids)
+    readouts = [gather_sequence(r, mesh.sp_mesh) for r in out.readouts]
+    states = [gather_sequence(s, mesh.sp_mesh) for s in out.states]
+    gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)
+    jsrr_map = recurrent_map(model, input_ids, doc_ids, n_loops) if cfg.objective.jsrr_weight > 0 else None
+    loss, stats = loop_objective(cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map,
+                                 out.next_input, run.jsrr_generator)
+    if run.state.step in cfg.training.inject_nan_steps and mesh.rank == mesh.world_size - 1:
+        loss = loss * float("nan")  # testing aid: a non-finite loss on the last rank only
+    return loss, stats
+
+
+def recurrent_map(model, input_ids, doc_ids, n_loops):
+    """Φ at the last loop (the map JSRR linearizes, stars §5), closed over RoPE tables and the mask."""
+    cos, sin, mask = model.rope_and_mask(input_ids, doc_ids=doc_ids)
+    t = min(n_loops, model.cfg.max_loops - 1) if model.loop_norms is not None else n_loops
+    return lambda x: model.recurrent_map(x, t, cos, sin, mask)
+
+
+def mean_over_ranks(loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh) -> tuple[float, dict]:
+    """One all-reduce carries the loss and every statistic; tp replicas hold equal values, so the world mean is
+    the mean over data-parallel ranks. A NaN/Inf on any rank makes the reduced loss non-finite on every rank."""
+    keys = sorted(stats_sum)
+    packed = torch.cat([loss_sum.view(1)] + [stats_sum[k].reshape(-1).float() for k in keys]).to(mesh.device)
+    dist.all_reduce(packed)
+    packed = (packed / mesh.world_size).cpu()
+    per_loop, offset = {}, 1
+    for k in keys:
+        n = stats_sum[k].numel()
+        per_loop[k] = packed[offset:offset + n].tolist()
+        offset += n
+    return float(packed[0]), per_loop

@@ -1,0 +1,168 @@
+"""Everything a training run builds before its first step, as a sequence of small functions:
+
+    load_config (titanloop.train.config: every check that needs no process group, one-line errors)
+    -> init_mesh        process group (torchtitan's init_distributed) + ParallelDims and its device meshes
+    -> build_model      the LoopLM, initialized in full on CPU from the seed (or the previous stage's weights)
+    -> build_engine     parallelize (TP/AC/compile/FSDP2), optimizer, LR schedule (titanloop.train.engine)
+    -> build_data       this data-parallel rank's loader (titanloop.data)
+    -> build_checkpointer  atomic DCP checkpoints of engine, loader and TrainState (titanloop.checkpoint)
+
+`build_run(cfg)` runs them in that order and returns the `Run` the loop (titanloop.train.loop) drives.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torchtitan.config import CommConfig
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.tools import utils as tt_utils
+
+from titanloop.checkpoint import Checkpointer, CheckpointConfig, layout
+from titanloop.data import DataConfig, PackedLoader, build_dataloader
+from titanloop.model import LoopLM
+from titanloop.objectives import LoopSampler
+from titanloop.recipe import stages
+from titanloop.train.config import TrainConfig, mesh_degrees
+from titanloop.train.cpu_shim import use_cpu_if_no_gpu
+from titanloop.train.engine import Engine, build_engine
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Mesh:
+    """The process group's layout: torchtitan's ParallelDims and the meshes and ranks the run uses."""
+
+    dims: ParallelDims
+    device: torch.device
+    device_type: str  # "cuda" or "cpu"
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_world: int
+    tp_mesh: DeviceMesh | None
+    sp_mesh: DeviceMesh | None  # the tp mesh under sequence parallelism (the objective gathers the sequence)
+
+
+@dataclass
+class TrainState:
+    """The loop's counters; step/ntokens_seen/skipped_steps are checkpointed ("train_state")."""
+
+    step: int = 0
+    ntokens_seen: int = 0
+    skipped_steps: int = 0  # non-finite steps skipped so far
+    nan_streak: int = 0  # non-finite steps in a row (not saved: a resumed run starts a new streak)
+    exit_code: int | None = None  # set by a callback to stop the loop (3: non-finite losses, 75: preempted)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "ntokens_seen": self.ntokens_seen, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.step = state_dict["step"]
+        self.ntokens_seen = state_dict["ntokens_seen"]
+        self.skipped_steps = state_dict.get("skipped_steps", 0)
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    mesh: Mesh
+    engine: Engine
+    dataloader: PackedLoader
+    checkpointer: Checkpointer
+    loop_sampler: LoopSampler
+    n_params: int
+    param_dtype: torch.dtype
+    state: TrainState = field(default_factory=TrainState)
+    jsrr_generator: torch.Generator | None = None  # the JSRR probe directions (objective.jsrr_weight > 0)
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+
+def default_comm() -> CommConfig:
+    return CommConfig(init_timeout_seconds=300, train_timeout_seconds=300, trace_buf_size=0)
+
+
+def init_mesh(cfg: TrainConfig, comm: CommConfig | None = None) -> Mesh:
+    """Initialize torch.distributed (torchtitan's init_distributed: gloo on CPU, NCCL on GPU, or the fake
+    backend of comm.mode='fake_backend') and build the dp x tp meshes."""
+    device_type = use_cpu_if_no_gpu()
+    device = tt_utils.get_local_device()
+    tt_utils.device_module.set_device(device)
+    world_size = dist_utils.init_distributed(comm or default_comm(), base_folder=cfg.training.run_dir)
+    dp, tp = mesh_degrees(cfg, world_size)
+    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=1, ep=1, world_size=world_size,
+                        spmd_backend="partial_dtensor")
+    dims.build_mesh()
+    tp_mesh = dims.get_optional_mesh("tp")
+    batch_mesh = dims.get_optional_mesh("batch")
+    dp_rank, dp_world = (batch_mesh.get_local_rank(), batch_mesh.size()) if batch_mesh else (0, 1)
+    return Mesh(dims, device, device_type, dist.get_rank(), dist.get_world_size(), dp_rank, dp_world, tp_mesh,
+                tp_mesh if cfg.parallelism.sequence_parallel else None)
+
+
+def param_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
+    if cfg.training.dtype == "auto":
+        return torch.bfloat16 if device_type == "cuda" else torch.float32
+    return _DTYPES[cfg.training.dtype]
+
+
+def run_dir_has_checkpoint(cfg: TrainConfig) -> bool:
+    root = Path(cfg.training.run_dir) / CheckpointConfig.folder
+    return cfg.checkpoint.enable and layout.latest_step(root) is not None
+
+
+def build_model(cfg: TrainConfig, stage_init: bool) -> nn.Module:
+    """The full model on CPU from the seed (identical on every rank and layout); a new stage of a staged
+    recipe starts from the previous stage's weights. Stage II trains only the exit gate (ouro §3.4)."""
+    torch.manual_seed(cfg.training.seed)
+    model = LoopLM(cfg.looplm)
+    if cfg.objective.name == "stage2_gate":
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("early_exit_gate."))
+    if stage_init:
+        stages.init_model_from_previous_stage(model, cfg.stage)
+    return model
+
+
+def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
+    t = cfg.training
+    ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
+    return build_dataloader(DataConfig.from_dict(cfg.data), seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                            global_batch_size=t.global_batch_size, dp_rank=mesh.dp_rank, dp_world=mesh.dp_world,
+                            vocab_size=cfg.looplm.vocab_size, batch_schedule=ramp.batch_at if ramp else None)
+
+
+def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoader, state: TrainState) -> Checkpointer:
+    """<run_dir>/checkpoints/step-N (DCP, reshardable) with model, optimizer, LR schedule, the data loader's
+    global position, the train state, per-rank RNG, the resolved config and the stage name (docs/checkpointing.md)."""
+    c = cfg.checkpoint
+    ckpt_cfg = CheckpointConfig(enable=c.enable, interval=c.interval, keep_last=c.keep_latest_k or 10**9,
+                                keep_every=c.keep_every, mode=c.mode)
+    states = {**engine.checkpoint_states(), "dataloader": dataloader, "train_state": state}
+    return Checkpointer(ckpt_cfg, cfg.training.run_dir, states, config=cfg.to_dict(),
+                        stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"))
+
+
+def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
+    mesh = init_mesh(cfg, comm)
+    stage_init = bool(cfg.stage.init_from) and not run_dir_has_checkpoint(cfg)  # else: auto-resume as usual
+    model = build_model(cfg, stage_init)
+    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    dtype = param_dtype(cfg, mesh.device_type)
+    engine = build_engine(cfg, model, mesh, dtype, stage_init)
+    loop_sampler = LoopSampler(cfg.loop_sampler)
+    dataloader = build_data(cfg, mesh)
+    state = TrainState()
+    checkpointer = build_checkpointer(cfg, engine, dataloader, state)
+    jsrr_generator = torch.Generator().manual_seed(cfg.training.seed + 1)
+    return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, jsrr_generator)
