@@ -89,6 +89,14 @@ def train(config: str | os.PathLike, run_dir: str | os.PathLike, overrides: dict
     return run_dir
 
 
+def train_many(jobs: list[tuple], parallel: int = 1, nproc: int = 1) -> list[Path]:
+    """train(config, run_dir, overrides) for each (config, run_dir, overrides) job, `parallel` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(lambda job: train(*job, nproc=nproc), jobs))
+
+
 def metrics(run_dir: str | os.PathLike) -> list[dict]:
     """The logged steps of a run (run_dir/metrics.jsonl): loss, per-loop ce, exit_prob, hidden_rms, ..."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -102,12 +110,13 @@ def load(run_dir: str | os.PathLike):
     return load_model(Path(run_dir) / "checkpoints")
 
 
-def heldout(model_or_run, task: str | None = None, task_options: dict | None = None, loops: list[int] = (1,),
-            n_examples: int = 256, batch_size: int = 64, seed: int = 0) -> list[dict]:
-    """Depth sweep on a synthetic task's held-out split: one {loops, loss, sequence_accuracy, ...} per T.
+def heldout(model_or_run, loops: list[int] = (1,), data: dict | None = None, n_examples: int = 256,
+            batch_size: int = 64, seq_len: int = 256) -> list[dict]:
+    """Depth sweep on held-out data: one {loops, loss, perplexity, token_accuracy, sequence_accuracy} per T.
 
-    `model_or_run` is a LoopLM or a run dir; task/task_options default to the run's training data config.
-    sequence_accuracy is exact-match answer accuracy (every answer token right).
+    `model_or_run` is a LoopLM or a run dir. `data` is a titanloop.data DataConfig dict; by default the run's own
+    training data with split = "eval" (a synthetic task's held-out examples, one per row, scored on the answer
+    only). sequence_accuracy is then exact-match answer accuracy.
     """
     import torch
 
@@ -117,17 +126,14 @@ def heldout(model_or_run, task: str | None = None, task_options: dict | None = N
     model = model_or_run
     if not isinstance(model_or_run, torch.nn.Module):
         model = load(model_or_run)
-        data = run_config(model_or_run)["data"]
-        task = task or data["task"]
-        task_options = data.get("task_options", {}) if task_options is None else task_options
-    if task is None:
-        raise ValueError("heldout: pass task= when scoring a model that is not a run dir")
-    n_batches = math.ceil(n_examples / batch_size)
-    dataset = DataConfig(kind="synthetic_task", task=task, task_options=dict(task_options or {}), split="eval",
-                         seed=seed)
-    cfg = EvalConfig(loops=list(loops), batch_size=batch_size, max_batches=n_batches, diagnostics=False)
+        if data is None:
+            data = {**run_config(model_or_run)["data"], "split": "eval"}
+    if data is None:
+        raise ValueError("heldout: pass data= (a DataConfig dict) when scoring a model that is not a run dir")
+    cfg = EvalConfig(loops=list(loops), batch_size=batch_size, max_batches=math.ceil(n_examples / batch_size),
+                     seq_len=seq_len, diagnostics=False)
     with torch.no_grad():
-        return depth_sweep(model, dataset, cfg=cfg)["points"]
+        return depth_sweep(model, DataConfig.from_dict(dict(data)), cfg=cfg)["points"]
 
 
 def run_config(run_dir: str | os.PathLike) -> dict:
@@ -209,6 +215,28 @@ def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabe
     return path
 
 
+def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, title: str,
+             logy: bool = False) -> Path:
+    """Bar chart of {label: value} to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(list(values), list(values.values()))
+    ax.set(ylabel=ylabel, title=title)
+    if logy:
+        ax.set_yscale("log")
+    ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def parse_args(name: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
     """The flags every experiment takes: --out, --smoke, --seeds, --nproc."""
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
@@ -219,4 +247,5 @@ def parse_args(name: str, description: str, argv: list[str] | None = None) -> ar
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0],
                    help="comma-separated training seeds (default 0)")
     p.add_argument("--nproc", type=int, default=1, help="processes per training run (default 1)")
+    p.add_argument("--parallel", type=int, default=1, help="training runs at a time (default 1)")
     return p.parse_args(argv)

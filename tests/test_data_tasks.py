@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from titanloop.config_errors import ConfigError
 from titanloop.data import DataConfig, build_dataloader
 from titanloop.data.synthetic_tasks import TaskSource, answer_accuracy, build_task, eval_batches, eval_examples
 
 TASKS = {"mano": {"max_ops": 4}, "addition": {"n_digits": 3}, "xor": {"n_bits": 12, "eval_n_bits": 16},
-         "multihop": {}}
+         "chain": {}, "multihop": {}}
 
 
 def prefix_eval(words, p=23):
@@ -38,6 +39,15 @@ def check_answer(task, prompt, answer):
     elif task.name == "xor":
         bits = [int(w) for w in words[1:-1]]
         assert [int(w) for w in ans] == np.bitwise_xor.accumulate(bits).tolist()
+    elif task.name == "chain":  # follow the assignments from the question's variable to a value
+        assert words[0] == "<bos>" and words[-2] == "?"
+        binding = dict(w.split("<") for w in words[1:-2])
+        assert len(binding) == len(words) - 3  # every variable is assigned once
+        node, hops = words[-1], 0
+        while node in binding:
+            node, hops = binding[node], hops + 1
+        assert ans == [node] and node in task.values
+        assert 1 <= hops <= max(task.hops, task.eval_hops)
     else:  # multihop: follow the relations through the one-hop facts the task teaches
         facts = {}
         for layer in range(task.n_layers - 1):
@@ -74,6 +84,27 @@ def test_small_mano_space_is_fully_partitioned():
     held = {tuple(p) for p, _ in eval_examples(task, 40)}
     assert len(train) > 1300 and not train & held
     assert len(train) + sum(task.in_eval(list(p)) for p in held) <= 3 * 23 * 23
+
+
+def test_eval_depths_of_chain_and_mano():
+    """chain: held-out questions take exactly eval_hops lookups; mano: eval_ops picks the scored tree size."""
+    chain = build_task("chain", seed=0, hops=3, eval_hops=4, n_vars=16)
+    for prompt, answer in eval_examples(chain, 50):
+        words = chain.decode(prompt)
+        binding = dict(w.split("<") for w in words[1:-2])
+        node, hops = words[-1], 0
+        while node in binding:
+            node, hops = binding[node], hops + 1
+        assert hops == 4 and chain.decode(answer) == [node]
+    mano = build_task("mano", seed=0, max_ops=4, eval_ops=2)
+    assert mano.vocab == build_task("mano", seed=0, max_ops=4).vocab
+    for prompt, answer in eval_examples(mano, 20):
+        assert mano.decode(prompt)[1] == "<len_2>"
+        check_answer(mano, prompt, answer)
+    with pytest.raises(ConfigError, match="eval_ops"):
+        build_task("mano", seed=0, max_ops=4, eval_ops=5)
+    with pytest.raises(ConfigError, match="n_vars"):
+        build_task("chain", seed=0, n_vars=8)
 
 
 def test_rows_are_deterministic_and_seeded():

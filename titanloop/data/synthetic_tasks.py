@@ -6,6 +6,11 @@ Tasks (each example is a prompt and an answer; only the answer is a training tar
   addition  multi-digit addition (stars §4.1): `<bos> 1 2 3 4 + 5 6 7 8 =` -> `6 9 1 2`.
   xor       running XOR / prefix sums of a bit string (dice §3): `<bos> 1 0 1 1 =` -> `1 1 0 1`;
             eval may use longer strings (extrapolation).
+  chain     in-context multi-hop (variable binding / pointer chasing): a shuffled list of assignments, one token
+            each (`v3<v7` = "v3 is v7", `v7<5` = "v7 is 5"), forming `n_chains` chains that each end in a value;
+            `<bos> v3<v7 v1<2 v7<5 ... ? v3` -> `5`. Answering a question of depth d takes d lookups (hops);
+            training depths are uniform in [1, hops], eval at `eval_hops` (default hops). Every example is a fresh
+            random program, so held-out answers cannot be memorized.
   multihop  3-hop relation QA (ouro appendix B.3): 5 layers x 100 single-token people, 20 relations, each
             (person, relation) points to a random person in the next layer; questions
             `<bos> who is the r3 of the r2 of the r1 of p ? answer :` -> `q`, plus the 8,000 one-hop facts
@@ -85,10 +90,12 @@ class Task:
 class ManoTask(Task):
     name = "mano"
 
-    def __init__(self, seed: int, max_ops: int = 10, modulus: int = 23):
-        """max_ops = L: training lengths uniform in [1, L], eval at exactly L (ouro uses 10, 16, 24)."""
-        self.max_ops, self.modulus = max_ops, modulus
+    def __init__(self, seed: int, max_ops: int = 10, modulus: int = 23, eval_ops: int | None = None):
+        """max_ops = L: training lengths uniform in [1, L], eval at exactly L (ouro uses 10, 16, 24); eval_ops
+        scores another length in [1, L] with the same vocabulary (accuracy by tree size)."""
+        self.max_ops, self.modulus, self.eval_ops = max_ops, modulus, eval_ops or max_ops
         require(max_ops >= 1, "data.task_options.max_ops", max_ops, "an integer >= 1")
+        require(1 <= self.eval_ops <= max_ops, "data.task_options.eval_ops", eval_ops, f"an integer in [1, {max_ops}]")
         numbers = [str(i) for i in range(modulus)]
         super().__init__(["<ans>"] + [f"<len_{i}>" for i in range(max_ops + 1)] + ["+", "-", "*"] + numbers, seed)
 
@@ -106,7 +113,7 @@ class ManoTask(Task):
         return [op] + lt + rt, value
 
     def generate(self, rng, split):
-        n_ops = self.max_ops if split == "eval" else int(rng.integers(1, self.max_ops + 1))
+        n_ops = self.eval_ops if split == "eval" else int(rng.integers(1, self.max_ops + 1))
         expr, value = self._tree(rng, n_ops)
         return self.encode(["<bos>", f"<len_{n_ops}>"] + expr + ["<ans>"]), self.encode([str(value)])
 
@@ -147,6 +154,45 @@ class XorTask(Task):
 
     def max_example_len(self):
         return 2 * max(self.n_bits, self.eval_n_bits) + 3
+
+
+class ChainTask(Task):
+    name = "chain"
+
+    def __init__(self, seed: int, n_vars: int = 12, n_values: int = 10, n_chains: int = 3, hops: int = 4,
+                 eval_hops: int | None = None):
+        self.n_vars, self.n_values, self.n_chains, self.hops = n_vars, n_values, n_chains, hops
+        self.eval_hops = eval_hops or hops
+        require(hops >= 1, "data.task_options.hops", hops, "an integer >= 1")
+        require(2 <= n_chains <= n_values, "data.task_options.n_chains", n_chains,
+                f"an integer in [2, n_values={n_values}] (each chain ends in a distinct value)")
+        require(n_vars >= n_chains * max(hops, self.eval_hops), "data.task_options.n_vars", n_vars,
+                f">= n_chains * max(hops, eval_hops) = {n_chains * max(hops, self.eval_hops)} (distinct variables)")
+        self.vars = [f"v{i}" for i in range(n_vars)]
+        self.values = [f"{i}" for i in range(n_values)]
+        edges = [f"{a}<{b}" for a in self.vars for b in self.vars + self.values]
+        super().__init__(["?"] + self.values + self.vars + edges, seed)
+
+    def generate(self, rng, split):
+        depth = self.eval_hops if split == "eval" else int(rng.integers(1, self.hops + 1))
+        lengths = [depth] + [int(rng.integers(1, self.hops + 1)) for _ in range(self.n_chains - 1)]
+        names = iter(rng.permutation(self.n_vars).tolist())
+        roots = rng.permutation(self.n_values)[:self.n_chains].tolist()
+        statements = []
+        for c, (root, length) in enumerate(zip(roots, lengths)):
+            target = self.values[root]
+            for _ in range(length):
+                var = self.vars[next(names)]
+                statements.append(f"{var}<{target}")
+                target = var
+            if c == 0:  # the first chain holds the question
+                question = target
+        order = rng.permutation(len(statements))
+        words = ["<bos>"] + [statements[i] for i in order] + ["?", question]
+        return self.encode(words), self.encode([self.values[roots[0]]])
+
+    def max_example_len(self):
+        return 1 + self.n_chains * max(self.hops, self.eval_hops) + 2 + 1 + 1
 
 
 class MultiHopTask(Task):
@@ -228,7 +274,7 @@ class MultiHopTask(Task):
         return 3 + 3 * self.HOPS + 4 + 1 + 1
 
 
-TASKS = {"mano": ManoTask, "addition": AdditionTask, "xor": XorTask, "multihop": MultiHopTask}
+TASKS = {"mano": ManoTask, "addition": AdditionTask, "xor": XorTask, "chain": ChainTask, "multihop": MultiHopTask}
 
 
 def build_task(name: str, seed: int = 0, **options) -> Task:

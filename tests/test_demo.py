@@ -1,0 +1,39 @@
+"""The demo's comparison step (scripts/demo_summary.py) and its --seeds flag; the demo's training itself is the
+README command (scripts/demo.sh), whose recorded output README.md quotes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_report(root: Path, variant: str, seed: int, trained: int, acc: list[float]):
+    points = [{"loops": t, "loss": 2.0 - a, "perplexity": 1.0, "token_accuracy": a, "sequence_accuracy": a}
+              for t, a in zip([1, 2, 4, 8], acc)]
+    path = root / "eval" / f"{variant}_s{seed}" / "report.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"depth_sweep": {"trained_loops": trained, "loops": [1, 2, 4, 8], "points": points}}))
+
+
+def test_summary_schema_and_table(tmp_path):
+    for seed, (lo, hi) in {3: (0.4, 0.9), 5: (0.45, 0.8)}.items():
+        fake_report(tmp_path, "looped", seed, 4, [0.3, 0.6, hi, 0.75])
+        fake_report(tmp_path, "baseline", seed, 1, [lo, 0.2, 0.1, 0.1])
+    proc = subprocess.run([sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,5"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"metric": "accuracy", "seeds": [3, 5], "looped": {"T": 4, "heldout": [0.9, 0.8]},
+                       "baseline": {"T": 1, "heldout": [0.4, 0.45]}}
+    assert "+42.5 points" in proc.stdout and (tmp_path / "depth_curve.png").stat().st_size > 1000
+    missing = subprocess.run([sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,7"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "looped_s7/report.json is missing" in missing.stderr
+
+
+def test_demo_rejects_bad_seeds_before_setup():
+    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--seeds '0,x' is invalid" in proc.stderr
