@@ -22,18 +22,18 @@ def test_summary_schema_and_table(tmp_path):
         fake_report(tmp_path, "looped", seed, 4, [0.3, 0.6, hi, 0.75])
         fake_report(tmp_path, "baseline", seed, 1, [lo, 0.2, 0.1, 0.1])
     proc = subprocess.run([sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,5"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"metric": "accuracy", "seeds": [3, 5], "looped": {"T": 4, "heldout": [0.9, 0.8]},
                        "baseline": {"T": 1, "heldout": [0.4, 0.45]}}
     assert "+42.5 points" in proc.stdout and (tmp_path / "depth_curve.png").stat().st_size > 1000
     missing = subprocess.run([sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,7"], cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, check=False, timeout=120)
     assert missing.returncode != 0 and "looped_s7/report.json is missing" in missing.stderr
 
 
 def test_demo_rejects_bad_seeds_before_setup():
-    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True, check=False,
                           timeout=60)
     assert proc.returncode == 2 and "--seeds '0,x' is invalid" in proc.stderr

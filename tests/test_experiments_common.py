@@ -1,6 +1,7 @@
 """experiments/common.py: overrides reach the config parser as the intended values; the results schema."""
 
 import json
+
 import tomllib
 
 from experiments import common

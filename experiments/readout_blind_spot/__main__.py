@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                          extra={"seeds": args.seeds, "ratio_perloop_norm_over_visible": ratio})
     common.bar_plot(args.out / "final_norm.png", {n: per_variant[n] for n in names}, ylabel="final-loop ||H_K||_2",
                     title="Final-loop hidden norm (log scale)", logy=True)
-    print(open(args.out / "results.md").read())
+    print((args.out / "results.md").read_text())
     return 0
 
 
