@@ -187,15 +187,30 @@ def write_results(out: str | os.PathLike, *, name: str, title: str, paper: str, 
     return result
 
 
-def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabel: str, ylabel: str, title: str,
-         logy: bool = False, logx: bool = False, vline: float | None = None) -> Path:
-    """Line plot of {label: (xs, ys)} to `path` (PNG)."""
+def _figure(size: tuple[float, float]):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return plt.subplots(figsize=size)
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabel: str, ylabel: str, title: str,
+         logy: bool = False, logx: bool = False, vline: float | None = None) -> Path:
+    """Line plot of {label: (xs, ys)} to `path` (PNG)."""
+    fig, ax = _figure((6, 4))
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=label)
     if vline is not None:
@@ -207,38 +222,23 @@ def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabe
         ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, title: str,
              logy: bool = False) -> Path:
     """Bar chart of {label: value} to `path` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _figure((7, 4))
     ax.bar(list(values), list(values.values()))
     ax.set(ylabel=ylabel, title=title)
     if logy:
         ax.set_yscale("log")
     ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def parse_args(name: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags every experiment takes: --out, --smoke, --seeds, --nproc."""
+    """The flags every experiment takes: --out, --smoke, --seeds, --nproc, --parallel."""
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
     p.add_argument("--out", type=Path, default=REPO / "runs" / "experiments" / name,
                    help=f"output directory (default runs/experiments/{name})")
