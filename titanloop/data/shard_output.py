@@ -54,7 +54,7 @@ class OutputDir:
     def _upload(self, manifest: Manifest) -> None:
         from streaming.base.storage import CloudUploader
 
-        uploader = CloudUploader.get((self.local, self.out), keep_local=False)
+        uploader = CloudUploader.get((self.local, self.out), keep_local=False, exist_ok=True)
         files = [s.path for s in manifest.shards] + [s.index for s in manifest.shards if s.index]
         if manifest.format == "mds":
             files += sorted({os.path.dirname(s.path) + "/index.json" for s in manifest.shards}) + ["index.json"]

@@ -87,9 +87,9 @@ class ShardFetcher:
             from botocore.config import Config
 
             endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None
-            self._client = boto3.client("s3", endpoint_url=endpoint,
-                                        config=Config(retries={"max_attempts": 1}, connect_timeout=10,
-                                                      read_timeout=60))
+            retries = {"total_max_attempts": 1, "mode": "standard"}  # retried here, with our backoff and errors
+            self._client = boto3.session.Session().client(  # own session: credentials read now, not cached
+                "s3", endpoint_url=endpoint, config=Config(retries=retries, connect_timeout=10, read_timeout=60))
         return self._client
 
     def _s3_get(self, rel: str, start: int | None, stop: int | None) -> bytes:
