@@ -92,21 +92,6 @@ def test_tokenize_roundtrip_is_token_exact(corpus, tmp_path, fmt):
     assert np.array_equal(np.flatnonzero(np.diff(first_row_docs)) + 1, starts[starts < seq])
 
 
-def test_mds_output_is_readable_by_mosaicml_streaming(corpus, tmp_path):
-    from streaming.base.format import reader_from_json
-
-    out = str(tmp_path / "mds")
-    tokenize.main(["--tokenizer", corpus["tokenizer"], "--out", out, "--workers", "1", corpus["fineweb"]])
-    _, shards = read_set(out)
-    with open(os.path.join(out, "index.json")) as f:
-        index = json.load(f)
-    reader = reader_from_json(out, None, index["shards"][0])
-    sample = reader.get_item(3)
-    assert np.array_equal(np.frombuffer(sample["tokens"], np.uint16),
-                          shards[0].tokens[shards[0].doc_starts[3]:shards[0].doc_starts[4]])
-    assert sample["meta"]["url"].startswith("https://example.org/") and sample["prompt_len"] == 0
-
-
 def test_output_is_independent_of_worker_count(corpus, tmp_path):
     sha = []
     for workers in ("1", "2"):

@@ -317,33 +317,48 @@ def _scan_mds(data: bytes) -> _Scan:
     config_end = int(offsets[0])
     config = json.loads(data[8 + 4 * n:config_end])
     names, encodings, sizes = config["column_names"], config["column_encodings"], config["column_sizes"]
-    if sorted(names) != sorted(MDS_COLUMNS):
-        raise ValueError(f"columns {names} are not the titanloop columns {sorted(MDS_COLUMNS)}")
+    if dict(zip(names, encodings)).get("tokens") != "bytes":
+        raise ValueError(f"columns {dict(zip(names, encodings))} have no `tokens: bytes` column")
     var_names = [name for name, size in zip(names, sizes) if not size]
     sc = _Scan(size_field_rel=4 * var_names.index("tokens"))
     for i in range(n):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
         var_sizes = iter(np.frombuffer(data[lo:lo + 4 * len(var_names)], np.uint32).tolist())
         pos = lo + 4 * len(var_names)
+        sample = {}
         for name, enc, size in zip(names, encodings, sizes):
             size = size or next(var_sizes)
             if name == "tokens":
                 sc.payload_off.append(pos)
                 sc.payload_len.append(size)
-            elif name == "id":
-                sc.ids.append(_mds_decode(enc, data[pos:pos + size]))
-            elif name == "prompt_len":
-                sc.prompt_lens.append(_mds_decode(enc, data[pos:pos + size]))
+            elif name in ("id", "prompt_len"):
+                sample[name] = _mds_decode(enc, data[pos:pos + size])
             pos += size
         if pos != hi:
             raise ValueError(f"sample {i} spans {pos - lo} bytes, its offsets say {hi - lo}")
         sc.record_start.append(lo)
+        sc.ids.append(str(sample.get("id", i)))
+        sc.prompt_lens.append(int(sample.get("prompt_len", 0)))
     return sc
 
 
 def _scan_tar(data: bytes) -> _Scan:
+    """Samples are consecutive members sharing a key: `<key>.tokens` (required), `<key>.json` (optional)."""
     sc = _Scan(size_field_rel=124)  # ustar header: 12-byte octal size at offset 124
-    pending: dict[str, dict] = {}
+    sample: dict = {}
+
+    def finish():
+        if not sample:
+            return
+        if "tokens" not in sample:
+            raise ValueError(f"sample {sample['key']!r} has no .tokens member")
+        info = json.loads(sample["json"]) if "json" in sample else {}
+        sc.record_start.append(sample["start"])
+        sc.payload_off.append(sample["tokens"][0])
+        sc.payload_len.append(sample["tokens"][1])
+        sc.prompt_lens.append(int(info.get("prompt_len", 0)))
+        sc.ids.append(str(info.get("id", sample["key"])))
+
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar:
             if not member.isfile():
@@ -351,23 +366,14 @@ def _scan_tar(data: bytes) -> _Scan:
             key, _, ext = member.name.partition(".")
             if member.offset_data + member.size > len(data):
                 raise ValueError(f"member {member.name} is truncated")
-            sample = pending.setdefault(key, {"start": member.offset})
-            if ext == "tokens":
-                if member.offset_data - member.offset != 512:
-                    raise ValueError(f"member {member.name} has extended headers; write shards with TarWriter")
+            if sample.get("key") != key:
+                finish()
+                sample = {"key": key, "start": member.offset}
+            if ext == "tokens":  # its ustar header (with the size field) is the 512 bytes before the data
                 sample["tokens"] = (member.offset_data, member.size)
-            else:
-                sample[ext] = data[member.offset_data:member.offset_data + member.size]
-            if "tokens" in sample and "json" in sample:
-                done = pending.pop(key)
-                info = json.loads(done["json"])
-                sc.record_start.append(done["start"])
-                sc.payload_off.append(done["tokens"][0])
-                sc.payload_len.append(done["tokens"][1])
-                sc.prompt_lens.append(int(info["prompt_len"]))
-                sc.ids.append(info["id"])
-    if pending:
-        raise ValueError(f"incomplete samples {sorted(pending)[:3]}")
+            elif ext == "json":
+                sample["json"] = data[member.offset_data:member.offset_data + member.size]
+    finish()
     return sc
 
 
