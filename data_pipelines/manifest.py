@@ -47,20 +47,25 @@ def main(argv=None) -> None:
 
     from titanloop.config_errors import ConfigError
     from titanloop.data.errors import ShardError
-    from titanloop.data.shard_format import (INDEX_SUFFIX, MANIFEST, Manifest, ShardInfo, build_index,
-                                             decode_shard, sha1_bytes, token_dtype)
-    from titanloop.data.tokenizer import find_eos_id, load_tokenizer, tokenizer_fingerprint
+    from titanloop.data.shard_format import (
+        INDEX_SUFFIX,
+        MANIFEST,
+        Manifest,
+        ShardInfo,
+        build_index,
+        decode_shard,
+        sha1_bytes,
+        token_dtype,
+    )
+    from titanloop.data.tokenizer import tokenizer_record
 
     if os.path.exists(os.path.join(a.root, MANIFEST)):
         raise SystemExit(f"error: {os.path.join(a.root, MANIFEST)} exists; this set is already readable")
     try:
-        fingerprint = tokenizer_fingerprint(a.tokenizer)
-        tokenizer = load_tokenizer(a.tokenizer)
-        eos_id = find_eos_id(tokenizer, a.eos_token)
+        tok = tokenizer_record(a.tokenizer, a.eos_token)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    vocab = tokenizer.get_vocab_size()
-    dtype = token_dtype(vocab)
+    fingerprint, dtype = tok["fingerprint"], token_dtype(tok["vocab_size"])
     shards = list_shards(a.root, a.format)
     if not shards:
         raise SystemExit(f"error: no {a.format} shards found in {a.root}")
@@ -78,8 +83,7 @@ def main(argv=None) -> None:
     except ShardError as e:
         raise SystemExit(f"error: {e}") from None
     manifest = Manifest(format=a.format, source=a.source or os.path.basename(os.path.abspath(a.root)), dtype=dtype,
-                        tokenizer={"fingerprint": fingerprint, "vocab_size": vocab, "eos_id": eos_id,
-                                   "path": os.path.abspath(a.tokenizer)}, shards=infos)
+                        tokenizer=tok, shards=infos)
     with open(os.path.join(a.root, MANIFEST), "w") as f:
         f.write(manifest.to_json())
     print(f"{a.root}: {manifest.documents} documents, {manifest.tokens} tokens in {len(infos)} shards; wrote "

@@ -131,17 +131,15 @@ def main(argv=None) -> None:
     from data_pipelines.readers import list_inputs
     from titanloop.config_errors import ConfigError
     from titanloop.data.shard_format import Manifest, token_dtype
-    from titanloop.data.tokenizer import find_eos_id, load_tokenizer, tokenizer_fingerprint
+    from titanloop.data.tokenizer import tokenizer_record
 
     if args.workers < 1:
         raise SystemExit("error: --workers must be >= 1")
     try:
-        fingerprint = tokenizer_fingerprint(args.tokenizer)
-        tokenizer = load_tokenizer(args.tokenizer)
-        eos_id = find_eos_id(tokenizer, args.eos_token)
+        tok = tokenizer_record(args.tokenizer, args.eos_token)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    vocab_size = tokenizer.get_vocab_size()
+    fingerprint, eos_id, vocab_size = tok["fingerprint"], tok["eos_id"], tok["vocab_size"]
     inputs = list_inputs(args.inputs)
     if not inputs:
         raise SystemExit(f"error: no parquet / jsonl(.zst) files found in {args.inputs}")
@@ -166,9 +164,7 @@ def main(argv=None) -> None:
     else:
         results = _run_pool(args, inputs, fingerprint, eos_id, vocab_size, _Progress(bar, len(inputs), source))
     bar.close()
-    manifest = Manifest(format=args.format, source=source, dtype=token_dtype(vocab_size),
-                        tokenizer={"fingerprint": fingerprint, "vocab_size": vocab_size, "eos_id": eos_id,
-                                   "path": os.path.abspath(args.tokenizer)},
+    manifest = Manifest(format=args.format, source=source, dtype=token_dtype(vocab_size), tokenizer=tok,
                         inputs=inputs)
     for _, shards, _, _ in sorted(results, key=lambda r: r[0]):
         manifest.shards += shards

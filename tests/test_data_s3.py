@@ -101,7 +101,7 @@ def test_torchrun_trains_from_s3_on_the_local_samples(s3, tmp_path):
            "--data.sources", f"[{{path = \"{s3['remote']}\"}}]", "--training.run_dir", str(tmp_path / "run"),
            "--metrics.log_freq", "1"]
     env = {**os.environ, **s3["env"], "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     trained = [json.loads(ln) for ln in (trace / "rank-0.jsonl").read_text().splitlines()]
     ref_dir = tmp_path / "reference"
