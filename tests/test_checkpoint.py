@@ -222,3 +222,17 @@ def test_preemption_monitor_slurm_time_margin(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 30))
     assert PreemptionMonitor((), slurm_time_margin_s=60).should_stop(1)
     assert not PreemptionMonitor((), slurm_time_margin_s=5).should_stop(1)
+
+
+def test_crc_share_splits_the_bytes_over_ranks():
+    """Before a load each rank checks the crc32 of its share only: disjoint shares covering every file, and
+    balanced in bytes (largest files dealt first)."""
+    from titanloop.checkpoint import layout
+
+    sizes = [900, 800, 500, 400, 300, 100, 50, 10]
+    manifest = {"files": {f"__{i}_0.distcp": {"bytes": b} for i, b in enumerate(sizes)}}
+    for world in (1, 2, 3, 8, 16):
+        shares = [layout.crc_share(manifest, r, world) for r in range(world)]
+        assert set().union(*shares) == set(manifest["files"]) and sum(map(len, shares)) == len(sizes)
+        loads = [sum(manifest["files"][f]["bytes"] for f in share) for share in shares]
+        assert max(loads) <= sum(sizes) / world + max(sizes), (world, loads)

@@ -224,9 +224,7 @@ class Checkpointer:
         """Load checkpoint `step` into the live states (any world size); returns its manifest."""
         ckpt = self.root / layout.step_dir_name(step)
         manifest = layout.read_manifest(ckpt)
-        if self.rank == 0 or not self.distributed:
-            layout.verify_files(ckpt, manifest)
-        self._barrier()
+        self.verify(ckpt, manifest)
         metadata = read_dcp_metadata(ckpt / ".metadata").state_dict_metadata
         saved_world = int(manifest["world_size"])
 
@@ -267,6 +265,22 @@ class Checkpointer:
         self.last_saved_step = step
         log.info("resumed from %s (saved by %d ranks, loaded on %d)", ckpt, saved_world, self.world)
         return manifest
+
+    def verify(self, ckpt: Path, manifest: dict) -> None:
+        """Before a load: every rank checks that all files exist with their sizes, and the crc32 of its share of
+        them (layout.crc_share: ~1/world of the bytes each), in parallel; then every rank raises the same
+        one-line error if any rank found a bad file."""
+        error = None
+        try:
+            layout.verify_files(ckpt, manifest, layout.crc_share(manifest, self.rank, self.world))
+        except CheckpointError as e:
+            error = str(e)
+        if self.distributed:
+            errors: list = [None] * self.world
+            dist.all_gather_object(errors, error)
+            error = next((e for e in errors if e), None)
+        if error:
+            raise CheckpointError(error)
 
     @staticmethod
     def _target(path: str, live: torch.Tensor | None, metadata: dict, ckpt: Path) -> torch.Tensor:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 
+import torch
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _KINDS = ("all_gather", "allgather", "reduce_scatter", "all_reduce", "allreduce", "broadcast", "all_to_all",
           "alltoall")
@@ -24,6 +27,9 @@ def _kind(op) -> str:
     return name
 
 
+_COUNTED = set(_CANONICAL.values()) | {"reduce_scatter", "broadcast"}  # canonical kinds
+
+
 @contextlib.contextmanager
 def count_collectives():
     """with count_collectives() as counts: ...  -> counts is a Counter {kind: number of calls}."""
@@ -33,3 +39,42 @@ def count_collectives():
         yield counts
     for op, n in mode.get_comm_counts().items():
         counts[_kind(op)] += n
+
+
+class _CollectiveBytes(TorchDispatchMode):
+    """Sums the buffer bytes of every collective op dispatched (the gathered output of an all-gather, the input of
+    a reduce-scatter, the tensors of an all-reduce); works on fake tensors, so on the dry run's fake backend."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = _kind(func)
+        if kind in _COUNTED and getattr(func, "namespace", "") in ("c10d", "_c10d_functional"):
+            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            sizes = [t.numel() * t.element_size() for t in tensors]
+            self.counts[kind] += sum(sizes) if kind == "all_reduce" else max(sizes, default=0)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def count_collective_bytes():
+    """with count_collective_bytes() as nbytes: ...  -> nbytes is a Counter {kind: buffer bytes}. A ring
+    all-gather or reduce-scatter of a B-byte buffer sends (N-1)/N * B bytes per rank, an all-reduce twice that."""
+    import torch.distributed as dist
+
+    counts: Counter = Counter()
+    # FSDP2's all-gather calls the C++ process group directly (no dispatcher op): count it where it is issued.
+    all_gather_single = dist.all_gather_single
+
+    def counted_all_gather_single(output_tensor, input_tensor, *args, **kwargs):
+        counts["all_gather"] += output_tensor.numel() * output_tensor.element_size()
+        return all_gather_single(output_tensor, input_tensor, *args, **kwargs)
+
+    dist.all_gather_single = counted_all_gather_single
+    try:
+        with _CollectiveBytes(counts):
+            yield counts
+    finally:
+        dist.all_gather_single = all_gather_single
