@@ -83,9 +83,9 @@ def read(path, world, steps, state=None):
 
 
 def test_s3_reads_and_resumes_the_same_samples_as_local_disk(s3):
-    local, _ = read(s3["local"], 1, 10)
-    remote_head, state = read(s3["remote"], 2, 4)
-    remote_tail, _ = read(s3["remote"], 1, 6, state=json.loads(json.dumps(state)))
+    local, _ = read(s3["local"], 1, 6)
+    remote_head, state = read(s3["remote"], 2, 2)
+    remote_tail, _ = read(s3["remote"], 1, 4, state=json.loads(json.dumps(state)))
     assert not set(remote_head) & set(remote_tail)
     assert {**remote_head, **remote_tail} == local
 
