@@ -16,3 +16,10 @@ def apply_compile(model: LoopLM, backend="inductor") -> None:
     """Compile every decoder layer of `model` (prelude, looped stack, coda) with `backend`."""
     for layer in [*model.prelude, *model.layers, *model.coda]:
         layer.compile(backend=backend, fullgraph=False, dynamic=False)
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far (every recompilation adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

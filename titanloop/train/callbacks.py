@@ -11,14 +11,16 @@ The loop (titanloop.train.loop.train) calls, on every callback in order:
     close()                           always, at the end
 
 `default_callbacks(run)` lists them in the order they run: garbage collection, metrics (stdout, metrics.jsonl,
-W&B; speed and MFU), checkpointing, preemption, non-finite losses.
+W&B; speed and MFU), checkpointing, preemption, non-finite losses and gradient norms.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torchtitan.tools.utils import GarbageCollection
 
@@ -39,6 +41,8 @@ class StepResult:
     lr: float  # the LR of this step's optimizer step
     seconds: float = 0.0  # wall time of the step (forward, backward, optimizer)
     grad_norm: float | None = None  # None: the optimizer step was skipped
+    nonfinite_grad_norm: float | None = None  # set when the gradient norm was NaN/Inf (the step was skipped)
+    nonfinite_grads: list = field(default_factory=list)  # skipped steps: parameters with a non-finite local grad
     comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
 
     @property
@@ -73,32 +77,55 @@ class GarbageCollector(Callback):
         self.gc.run(run.state.step)
 
 
-class NonFiniteLoss(Callback):
-    """A non-finite loss on any rank (the reduced loss is then non-finite on every rank) skips the step on every
-    rank; `max_nan_steps` of them in a row stop the run with exit code 3."""
+class NonFinite(Callback):
+    """A non-finite loss on any rank (the reduced loss is then non-finite on every rank) or a non-finite gradient
+    norm (reduced over all ranks) skips the step on every rank; on_nonfinite='skip' stops the run (exit code 3)
+    after `max_nan_steps` of them in a row, 'stop' at the first. Each one is recorded, per rank, in
+    <run_dir>/nonfinite/step-N.rank-R.json (loss, T, per-loop statistics, grad norm, non-finite gradients)."""
 
-    def __init__(self, max_in_a_row: int):
-        self.max_in_a_row = max_in_a_row
+    def __init__(self, max_in_a_row: int, on_nonfinite: str = "skip"):
+        self.max_in_a_row = max_in_a_row if on_nonfinite == "skip" else 1
+        self.limit = (f"training.max_nan_steps={max_in_a_row}" if on_nonfinite == "skip"
+                      else "training.on_nonfinite='stop'")
 
     def pre_optim_step(self, run, result: StepResult) -> bool:
-        state = run.state
         if math.isfinite(result.loss):
-            state.nan_streak = 0
             return True
-        state.nan_streak += 1
-        state.skipped_steps += 1
-        if run.mesh.rank == 0:
-            print(f"step {result.step:5d} | non-finite loss ({result.loss}) on at least one rank: step skipped "
-                  f"({state.nan_streak} in a row, limit {self.max_in_a_row})", flush=True)
+        self._count(run, result, f"non-finite loss ({result.loss}) on at least one rank")
         return False
 
     def post_step(self, run, result: StepResult) -> None:
         state = run.state
+        if result.nonfinite_grad_norm is not None:
+            self._count(run, result, f"non-finite gradient norm ({result.nonfinite_grad_norm})")
+        elif not result.skipped:
+            state.nan_streak = 0
+        if result.skipped:
+            self._record(run, result)
         if state.nan_streak >= self.max_in_a_row and state.exit_code is None:
             state.exit_code = EXIT_CODE_NONFINITE
             if run.mesh.rank == 0:
-                print(f"error: stopped at step {state.step} after {state.nan_streak} non-finite losses in a row "
-                      f"(training.max_nan_steps={self.max_in_a_row})", file=sys.stderr, flush=True)
+                print(f"error: stopped at step {state.step} after {state.nan_streak} non-finite steps (loss or gradient "
+                      f"norm) in a row ({self.limit}); see {self._dir(run)}", file=sys.stderr,
+                      flush=True)
+
+    def _count(self, run, result: StepResult, what: str) -> None:
+        state = run.state
+        state.nan_streak += 1
+        state.skipped_steps += 1
+        if run.mesh.rank == 0:
+            print(f"step {result.step:5d} | {what}: step skipped ({state.nan_streak} in a row, limit "
+                  f"{self.max_in_a_row}); recorded in {self._dir(run)}", flush=True)
+
+    @staticmethod
+    def _dir(run) -> Path:
+        return Path(run.cfg.training.run_dir) / "nonfinite"
+
+    def _record(self, run, result: StepResult) -> None:
+        path = self._dir(run) / f"step-{result.step}.rank-{run.mesh.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fields = ("step", "n_loops", "loss", "nonfinite_grad_norm", "nonfinite_grads", "per_loop", "lr")
+        path.write_text(json.dumps({k: getattr(result, k) for k in fields}, default=str, indent=1) + "\n")
 
 
 class Metrics(Callback):
@@ -169,4 +196,4 @@ class Preemption(Callback):
 
 def default_callbacks(run) -> list[Callback]:
     return [GarbageCollector(), Metrics(run), Checkpointing(), Preemption(run),
-            NonFiniteLoss(run.cfg.training.max_nan_steps)]
+            NonFinite(run.cfg.training.max_nan_steps, run.cfg.training.on_nonfinite)]

@@ -92,15 +92,19 @@ class TrainingSection:
     max_norm: float = 1.0  # gradient clipping (0 = off)
     seed: int = 0
     dtype: str = "auto"  # auto: bf16 parameters + fp32 reduce on GPU, fp32 on CPU
-    doc_masking: bool = True  # attend within each packed document only (masked SDPA; false: plain causal,
-    #                          which allows the flash kernels on GPU)
-    max_nan_steps: int = 3  # stop after this many non-finite losses in a row (each one is skipped)
+    doc_masking: bool = True  # attend within each packed document only (no dense mask: flash varlen / flex /
+    #                          SDPA per document, see titanloop.model.attention; false: plain causal)
+    max_nan_steps: int = 3  # stop after this many non-finite steps in a row (each one is skipped)
+    # A non-finite loss (any rank) or gradient norm: skip the step (until max_nan_steps in a row) or stop at once;
+    # either way <run_dir>/nonfinite/step-N.rank-R.json records the step (loss, T, non-finite gradients)
+    on_nonfinite: str = "skip"  # skip | stop
     # Batch-size ramp (Ouro stage 1: 4M -> 8M tokens): global batch in sequences from batch_ramp_start to
     # global_batch_size over batch_ramp_steps steps, in stairs of batch_ramp_increment (titanloop.recipe.schedules)
     batch_ramp_start: int = 0  # 0 = no ramp
     batch_ramp_steps: int = 0
     batch_ramp_increment: int = 0  # 0 = batch_ramp_start
     inject_nan_steps: list = field(default_factory=list)  # testing aid: the last rank's loss is NaN at these steps
+    inject_nan_grad_steps: list = field(default_factory=list)  # testing aid: a NaN gradient on the last rank
 
     def validate(self):
         require(self.steps >= 1, "training.steps", self.steps, "an integer >= 1")
@@ -111,6 +115,7 @@ class TrainingSection:
         require(self.max_norm >= 0, "training.max_norm", self.max_norm, "a value >= 0 (0 disables clipping)")
         require_choice(self.dtype, "training.dtype", DTYPES)
         require(self.max_nan_steps >= 1, "training.max_nan_steps", self.max_nan_steps, "an integer >= 1")
+        require_choice(self.on_nonfinite, "training.on_nonfinite", ("skip", "stop"))
         self.batch_ramp()  # validates the ramp fields
 
     def batch_ramp(self):

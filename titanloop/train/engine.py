@@ -6,6 +6,7 @@
                                               of micro-batches; gradients are synchronized over data-parallel
                                               ranks only after the last micro-batch of the step
     engine.step(max_norm) -> grad_norm        clip to max_norm (inf: measure only), optimizer step, LR step
+                                              (neither when the norm is non-finite)
     engine.lr() -> float                      the learning rate the coming optimizer step uses
     engine.checkpoint_states() -> dict        name -> object with state_dict()/load_state_dict() (or a bare
                                               nn.Module) that titanloop.checkpoint saves and restores
@@ -51,6 +52,7 @@ class FSDP2Engine:
                  mixed_meshes: bool):
         self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
         self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
+        self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
 
     def zero_grad(self) -> None:
         self.optimizers.zero_grad()
@@ -63,12 +65,22 @@ class FSDP2Engine:
 
     def step(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.requires_grad]
+        # Per-gradient norms of the local shards before clipping (one foreach kernel, no host sync): with a NaN/Inf
+        # total norm, clipping spreads it to every gradient, so this is what says which gradient went bad.
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for _, g in named]
+        per_grad = torch._foreach_norm(local) if local else []
         if self.mixed_meshes:
             grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
         else:
             grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=True)
-        self.optimizers.step()
-        self.lr_schedulers.step()
+        self.nonfinite_grads = []
+        if torch.isfinite(grad_norm):  # the norm is reduced over all ranks: every rank takes the same branch
+            self.optimizers.step()
+            self.lr_schedulers.step()
+        elif per_grad:
+            finite = torch.isfinite(torch.stack(per_grad)).tolist()
+            self.nonfinite_grads = [name for (name, _), ok in zip(named, finite) if not ok]
         return grad_norm
 
     def lr(self) -> float:

@@ -4,12 +4,14 @@ One step: T loops from the LoopSampler (a function of the step only, the same on
 micro-batch of the step (gradient accumulation; the batch-size ramp may change their number per step): forward
 T loops, the per-loop objective on the full sequence (titanloop.train.objective), backward through the engine
 (titanloop.train.engine); one all-reduce of [loss, per-loop statistics]; then the callbacks may veto the
-optimizer step (a non-finite loss on any rank skips it on every rank); clip, optimizer step, LR step.
+optimizer step (a non-finite loss on any rank skips it on every rank); clip, optimizer step, LR step (a non-finite
+gradient norm skips those two and is handled like a non-finite loss).
 Everything else (metrics, checkpoints, preemption, ...) is a callback (titanloop.train.callbacks).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import nullcontext
 
@@ -52,6 +54,8 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         for i in range(accum):
             loss, stats = forward_objective(run, next(batches), n_loops)
             engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
+            if state.step in cfg.training.inject_nan_grad_steps and run.mesh.rank == run.mesh.world_size - 1:
+                next(p for p in engine.model.parameters() if p.grad is not None).grad.mul_(float("nan"))  # testing aid
             loss_sum += loss.detach() / accum
             stats = {k: v / accum for k, v in stats.items()}
             stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
@@ -59,12 +63,29 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         result = StepResult(state.step, n_loops, loss, per_loop, lr)
         if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
             max_norm = cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
-            result.grad_norm = float(engine.step(max_norm))
-        else:
+            grad_norm = float(engine.step(max_norm))  # a non-finite norm: no optimizer/LR step was taken
+            if math.isfinite(grad_norm):
+                result.grad_norm = grad_norm
+            else:
+                result.nonfinite_grad_norm = grad_norm
+                result.nonfinite_grads = list(engine.nonfinite_grads)
+        else:  # a non-finite loss: the gradients are unclipped
+            result.nonfinite_grads = nonfinite_grads(engine.model)
+        if result.skipped:
             engine.zero_grad()
     result.seconds = time.perf_counter() - start
     result.comms = dict(comms or {})
     return result
+
+
+def nonfinite_grads(model) -> list[str]:
+    """Names of the parameters whose (local shard of the) gradient holds a NaN or Inf."""
+    out = []
+    for name, p in model.named_parameters():
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        if g is not None and not bool(torch.isfinite(g).all()):
+            out.append(name)
+    return out
 
 
 def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor, dict]:
