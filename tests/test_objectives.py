@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, LoopLMConfig
 from titanloop.objectives import (IGNORE_INDEX, ObjectiveConfig, dense_supervision_loss, dense_weights,
-                                  exit_cdf, exit_probs, geometric_prior, jsrr_loss, per_loop_cross_entropy,
-                                  q_exit_steps, scale_penalty, spectral_radius_estimate, stage1_loss,
-                                  stage2_gate_loss)
+                                  exit_cdf, exit_probs, geometric_prior, jsrr_loss, jsrr_probes, jsrr_target,
+                                  per_loop_cross_entropy, q_exit_steps, scale_penalty, spectral_radius_estimate,
+                                  stage1_loss, stage2_gate_loss)
 
 
 def tiny_model(**kw) -> LoopLM:
@@ -211,12 +211,26 @@ def test_jsrr_on_linear_map_with_known_spectral_radius():
     torch.testing.assert_close(rho, torch.full((3,), 1.7), rtol=1e-3, atol=0)
 
     # one power step: L = mean_b ‖A v_b‖² with v_b a unit random direction over the sample's whole state
-    loss = jsrr_loss(phi, x, power_steps=1, generator=torch.Generator().manual_seed(7))
-    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(7))
-    v = v / v.flatten(1).norm(dim=1).view(-1, 1, 1)
+    probes = jsrr_probes(x.shape, torch.tensor([10, 11, 12]), seed=7)
+    loss = jsrr_loss(phi, x, probes, power_steps=1)
+    v = probes / probes.flatten(1).norm(dim=1).view(-1, 1, 1)
     ref = (v @ a.t()).flatten(1).pow(2).sum(1).mean()
     torch.testing.assert_close(loss, ref, rtol=1e-4, atol=0)
     assert loss <= 1.7 ** 2 + 1e-5
+
+
+def test_jsrr_probes_depend_on_the_sample_not_on_the_rank_or_batch():
+    shape = (4, 3, 8)
+    whole = jsrr_probes(shape, torch.tensor([20, 21, 22, 23]), seed=1)
+    # split over 2 data-parallel ranks, or over 2 micro-batches in another order: the same row per sample
+    parts = torch.cat([jsrr_probes((2, 3, 8), torch.tensor([20, 21]), 1),
+                       jsrr_probes((2, 3, 8), torch.tensor([22, 23]), 1)])
+    assert torch.equal(whole, parts)
+    assert torch.equal(jsrr_probes((1, 3, 8), torch.tensor([22]), 1)[0], whole[2])
+    # every sample (so every rank) its own direction; another seed, other directions
+    flat = whole.flatten(1)
+    assert all(not torch.allclose(flat[i], flat[j]) for i in range(4) for j in range(i))
+    assert not torch.allclose(jsrr_probes(shape, torch.tensor([20, 21, 22, 23]), seed=2), whole)
 
 
 def test_jsrr_through_the_real_model_reaches_parameters():
@@ -226,12 +240,42 @@ def test_jsrr_through_the_real_model_reaches_parameters():
     out = model(ids)
     cos, sin = model.rope(8, ids.device, torch.float32)
     phi = lambda x: model.recurrent_map(x, 1, cos, sin)  # noqa: E731
-    loss = jsrr_loss(phi, out.next_input, power_steps=2, generator=torch.Generator().manual_seed(0))
+    loss = jsrr_loss(phi, out.next_input, jsrr_probes(out.next_input.shape, torch.arange(2), 0), power_steps=2)
     assert torch.isfinite(loss) and loss > 0
     loss.backward()
     for name in ("layers.0.self_attn.q_proj.weight", "layers.1.mlp.down_proj.weight", "embed_tokens.weight"):
         g = dict(model.named_parameters())[name].grad
         assert g is not None and g.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("n_loops", [2, 3])
+def test_jsrr_linearizes_a_transition_of_the_forward_checked_against_the_direct_jacobian(n_loops):
+    """Per-loop norms, max_loops = 3: at T = 2 JSRR takes loop 3's map at x_2 (stars Alg. 1: the Jacobian of the
+    next application), at T = 3 = max_loops (no loop 4 exists) loop 3's map at its input x_2. In both cases
+    Φ(state) must be a state the forward computes, and L_JSRR must equal ‖J v̂‖² with J the full Jacobian
+    computed directly by reverse-mode autograd (not by the JVP the loss uses)."""
+    torch.manual_seed(8)
+    model = tiny_model(n_loops=3, max_loops=3, per_loop_norm=True, hidden_size=16, n_heads=2,
+                       ffn_hidden_size=32).double()
+    with torch.no_grad():  # per-loop norm scales that differ, so the loop index matters
+        for norm in model.loop_norms:
+            norm.weight.uniform_(0.5, 1.5)
+    ids = torch.randint(0, 96, (2, 3))
+    out = model(ids, n_loops)
+    phi, state = jsrr_target(model, out, ids, None, n_loops)
+    # Φ(state) is the next state of the forward: x_{T+1} of a (T+1)-loop forward, or x_T at T == max_loops
+    expected = model(ids, n_loops + 1).next_input if n_loops < 3 else out.next_input
+    torch.testing.assert_close(phi(state), expected, rtol=0, atol=1e-12)
+    probes = jsrr_probes(state.shape, torch.tensor([0, 1]), seed=3).double()
+    loss = jsrr_loss(phi, state, probes, power_steps=1)
+    d = state[0].numel()
+    direct = []
+    for i in range(2):  # one sample's Jacobian: its [S*H, S*H] block (samples do not interact)
+        row = lambda x, i=i: phi(torch.cat([state[:i], x.view(1, *state.shape[1:]), state[i + 1:]]))[i]  # noqa: E731
+        jac = torch.autograd.functional.jacobian(row, state[i].reshape(-1)).reshape(d, d)
+        v = probes[i].reshape(-1) / probes[i].norm()
+        direct.append((jac @ v).pow(2).sum())
+    torch.testing.assert_close(loss.double(), torch.stack(direct).mean(), rtol=1e-6, atol=0)
 
 
 # ----- chunked cross-entropy ---------------------------------------------------------------------------

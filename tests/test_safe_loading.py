@@ -5,7 +5,7 @@ and checksums too):
   metadata  DCP's `.metadata` is a pickle whose unpickling runs a command;
   entry     a DCP non-tensor entry (which DCP stores with torch.save) whose unpickling runs a command, under a
             key where a tensor is expected (titanloop checkpoints) or as plain data (a plain DCP directory).
-Load paths: the trainer's resume (Checkpointer.load_latest, what TrainerCheckpointer.load calls; the real
+Load paths: the trainer's resume (Checkpointer.load_latest, what the training loop calls at start; the real
 trainer on a crafted checkpoint is in tests/test_train_preemption.py), evaluation's `load_model` (also what a
 staged run's `init_from` and `upcycle` of a training checkpoint use), the `upcycle` CLI on a plain DCP
 directory, and the Ouro HF importer (safetensors only; a pickled `pytorch_model.bin` is never opened).
@@ -13,8 +13,6 @@ Plus the CI check that no code in the repository calls an unpickler outside tita
 """
 
 import ast
-import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -34,16 +32,6 @@ from titanloop.recipe import upcycle
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class Evil:
-    """Unpickling this runs `touch <marker>`."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _model_and_opt():
     torch.manual_seed(0)
     model = build_looplm(preset("debug-tiny", vocab_size=64))
@@ -58,14 +46,6 @@ def _checkpointer(run_dir, model, opt):
                         config={"model": {"preset": "debug-tiny", "vocab_size": 64}})
 
 
-def _refresh_manifest(ckpt: Path) -> None:
-    """What an attacker does after editing the files: make the manifest's sizes and crc32 match again."""
-    manifest = json.loads((ckpt / layout.MANIFEST).read_text())
-    manifest["files"] = {p.name: layout.file_record(p, True) for p in sorted(ckpt.iterdir())
-                         if p.name != layout.MANIFEST}
-    (ckpt / layout.MANIFEST).write_text(json.dumps(manifest))
-
-
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("clean")
@@ -76,30 +56,30 @@ def clean_run(tmp_path_factory):
     return run
 
 
-def _crafted(clean_run: Path, tmp_path: Path, attack: str) -> tuple[Path, Path]:
+def _crafted(clean_run: Path, tmp_path: Path, attack: str, hostile) -> tuple[Path, Path]:
     """A copy of the clean run dir with step-1 replaced by the attack; returns (run dir, marker path)."""
     run, marker = tmp_path / "run", tmp_path / "pwned"
     shutil.copytree(clean_run, run)
     step = run / "checkpoints" / layout.step_dir_name(1)
     if attack == "metadata":
-        (step / ".metadata").write_bytes(pickle.dumps(Evil(marker)))
+        (step / ".metadata").write_bytes(pickle.dumps(hostile.payload(marker)))
     else:  # rewrite the DCP data as Checkpointer.save writes it, with one model tensor replaced by an object
         model, opt = _model_and_opt()
         entries = {}
         split_state(ModelState(model).state_dict(), "model", entries)
         split_state(OptimizerState(model, opt).state_dict(), "optimizer", entries)
         entries.update(rng_state_tensors(0))
-        entries["model/embed_tokens.weight"] = Evil(marker)
+        entries["model/embed_tokens.weight"] = hostile.payload(marker)
         for p in step.glob("*.distcp"):
             p.unlink()
         dcp.save(entries, checkpoint_id=str(step), no_dist=True)
-    _refresh_manifest(step)
+    hostile.refresh_manifest(step)
     return run, marker
 
 
 @pytest.mark.parametrize("attack", ["metadata", "entry"])
-def test_trainer_resume_refuses_malicious_checkpoint(clean_run, tmp_path, attack):
-    run, marker = _crafted(clean_run, tmp_path, attack)
+def test_trainer_resume_refuses_malicious_checkpoint(clean_run, tmp_path, attack, hostile):
+    run, marker = _crafted(clean_run, tmp_path, attack, hostile)
     model, opt = _model_and_opt()
     ckpt = _checkpointer(run, model, opt)
     with pytest.raises(ConfigError) as e:
@@ -109,8 +89,8 @@ def test_trainer_resume_refuses_malicious_checkpoint(clean_run, tmp_path, attack
 
 
 @pytest.mark.parametrize("attack", ["metadata", "entry"])
-def test_eval_loader_refuses_malicious_checkpoint(clean_run, tmp_path, attack):
-    run, marker = _crafted(clean_run, tmp_path, attack)
+def test_eval_loader_refuses_malicious_checkpoint(clean_run, tmp_path, attack, hostile):
+    run, marker = _crafted(clean_run, tmp_path, attack, hostile)
     with pytest.raises(ConfigError) as e:
         load_model(run / "checkpoints")
     assert not marker.exists(), "loading the checkpoint executed code"
@@ -119,17 +99,17 @@ def test_eval_loader_refuses_malicious_checkpoint(clean_run, tmp_path, attack):
 
 
 @pytest.mark.parametrize("attack", ["metadata", "entry"])
-def test_upcycle_cli_refuses_malicious_checkpoints(clean_run, tmp_path, attack, capsys):
+def test_upcycle_cli_refuses_malicious_checkpoints(clean_run, tmp_path, attack, capsys, hostile):
     # a titanloop training checkpoint (read through load_model, written out as an Ouro HF directory)
-    run, marker = _crafted(clean_run, tmp_path, attack)
+    run, marker = _crafted(clean_run, tmp_path, attack, hostile)
     assert upcycle.main([str(run / "checkpoints"), str(tmp_path / "out1")]) == 2
     # a plain DCP directory (read entry by entry, plain data included)
     plain = tmp_path / "plain"
     state = {f"model.{k}": v for k, v in _model_and_opt()[0].state_dict().items()}
-    state["optimizer.param_groups.lr"] = Evil(marker) if attack == "entry" else 1e-3
+    state["optimizer.param_groups.lr"] = hostile.payload(marker) if attack == "entry" else 1e-3
     dcp.save(state, checkpoint_id=str(plain), no_dist=True)
     if attack == "metadata":
-        (plain / ".metadata").write_bytes(pickle.dumps(Evil(marker)))
+        (plain / ".metadata").write_bytes(pickle.dumps(hostile.payload(marker)))
     assert upcycle.main([str(plain), str(tmp_path / "out2")]) == 2
     assert not marker.exists(), "upcycle executed code from the checkpoint"
     err = capsys.readouterr().err.strip().splitlines()
@@ -138,7 +118,7 @@ def test_upcycle_cli_refuses_malicious_checkpoints(clean_run, tmp_path, attack, 
     assert expected in err[1]
 
 
-def test_ouro_hf_importer_never_unpickles(tmp_path):
+def test_ouro_hf_importer_never_unpickles(tmp_path, hostile):
     from titanloop.interchange.ouro_hf import export_ouro_hf
 
     good = tmp_path / "hf"
@@ -146,7 +126,7 @@ def test_ouro_hf_importer_never_unpickles(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     shutil.copy(good / "config.json", bad / "config.json")
-    torch.save({"model.embed_tokens.weight": Evil(tmp_path / "pwned")}, bad / "pytorch_model.bin")
+    torch.save({"model.embed_tokens.weight": hostile.payload(tmp_path / "pwned")}, bad / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="has no model.safetensors"):
         load_model(bad)
     assert not (tmp_path / "pwned").exists()

@@ -114,6 +114,7 @@ class LoopLMOutput:
     states: list[torch.Tensor]  # [B, S, H] each: raw hidden state H_t after loop t (scale diagnostics)
     gate_logits: torch.Tensor  # [T, B, S]: exit-gate logits, λ_t = sigmoid(gate_logits[t-1])
     next_input: torch.Tensor | None = None  # x_T: what loop T+1 would receive (JSRR linearizes Φ here)
+    last_input: torch.Tensor | None = None  # x_{T-1}: what loop T received (JSRR at T == max_loops, per-loop norms)
     logits: torch.Tensor | None = None  # only when asked: [B, S, V] (last loop) or [T, B, S, V] (all)
 
     @property
@@ -253,6 +254,7 @@ class LoopLM(nn.Module):
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
         readouts, states, gates = [], [], []
         for t in range(t_total):
+            last_input = x
             h = step(x, t, cos, sin, mask, kv_cache)
             pre = self.head_input(h, t, cos, sin, mask, kv_cache)
             normed = self.norm(pre)
@@ -263,7 +265,8 @@ class LoopLM(nn.Module):
                 x = normed if not self.coda else self.norm(h)
             else:
                 x = h
-        out = LoopLMOutput(readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x)
+        out = LoopLMOutput(readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x,
+                           last_input=last_input)
         if return_logits == "last":
             out.logits = self.lm_head(readouts[-1])
         elif return_logits == "all":

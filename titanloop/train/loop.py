@@ -18,6 +18,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from titanloop.objectives import jsrr_probes, jsrr_target
 from titanloop.parallel import count_collectives, gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.objective import loop_objective
@@ -95,24 +96,22 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
     input_ids = batch["input_ids"].to(mesh.device)
     labels = batch["labels"].to(mesh.device)
     doc_ids = batch["doc_ids"].to(mesh.device) if cfg.training.doc_masking else None
-    run.state.ntokens_seen += labels.numel()
+    run.state.ntokens_seen += labels.numel() * mesh.dp_world  # global: the same count at any world size
     out = model(input_ids, n_loops, doc_ids=doc_ids)
     readouts = [gather_sequence(r, mesh.sp_mesh) for r in out.readouts]
     states = [gather_sequence(s, mesh.sp_mesh) for s in out.states]
     gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)
-    jsrr_map = recurrent_map(model, input_ids, doc_ids, n_loops) if cfg.objective.jsrr_weight > 0 else None
+    jsrr_map = jsrr_state = probes = None
+    if cfg.objective.jsrr_weight > 0:
+        jsrr_map, jsrr_state = jsrr_target(model, out, input_ids, doc_ids, n_loops)
+        # one direction per sample, from (seed, global sample index): each rank probes its own samples, and a
+        # resumed run (any world size) draws the same directions
+        probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
     loss, stats = loop_objective(cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map,
-                                 out.next_input, run.jsrr_generator)
+                                 jsrr_state, probes)
     if run.state.step in cfg.training.inject_nan_steps and mesh.rank == mesh.world_size - 1:
         loss = loss * float("nan")  # testing aid: a non-finite loss on the last rank only
     return loss, stats
-
-
-def recurrent_map(model, input_ids, doc_ids, n_loops):
-    """Φ at the last loop (the map JSRR linearizes, stars §5), closed over RoPE tables and the mask."""
-    cos, sin, mask = model.rope_and_mask(input_ids, doc_ids=doc_ids)
-    t = min(n_loops, model.cfg.max_loops - 1) if model.loop_norms is not None else n_loops
-    return lambda x: model.recurrent_map(x, t, cos, sin, mask)
 
 
 def mean_over_ranks(loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh) -> tuple[float, dict]:

@@ -30,11 +30,12 @@ def loop_statistics(ce: torch.Tensor, gate_logits: torch.Tensor, states, mask: t
 
 def loop_objective(cfg: ObjectiveConfig, readouts, states, gate_logits: torch.Tensor, labels: torch.Tensor,
                    lm_head_weight: torch.Tensor, jsrr_map=None, jsrr_state: torch.Tensor | None = None,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+                   jsrr_probes: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Scalar fp32 loss and statistics for one micro-batch.
 
     readouts/states: lists of [B, S, H] (one per loop); gate_logits [T, B, S]; labels [B, S] (-100 ignored).
-    jsrr_map/jsrr_state: Φ and the state it is linearized at (needed only when cfg.jsrr_weight > 0).
+    jsrr_map/jsrr_state/jsrr_probes: Φ, the state it is linearized at and the power iteration's starting
+    directions (objectives.jsrr_probes; needed only when cfg.jsrr_weight > 0).
     """
     mask = labels != IGNORE_INDEX
     if cfg.name == "final_only":  # only the last loop is decoded
@@ -55,7 +56,7 @@ def loop_objective(cfg: ObjectiveConfig, readouts, states, gate_logits: torch.Te
         loss = loss + scale_penalty(states, mask, cfg.scale_penalty)
     stats = loop_statistics(ce, gate_logits, states, mask)
     if cfg.jsrr_weight > 0:
-        l_jsrr = jsrr_loss(jsrr_map, jsrr_state, cfg.jsrr_power_steps, generator)
+        l_jsrr = jsrr_loss(jsrr_map, jsrr_state, jsrr_probes, cfg.jsrr_power_steps)
         loss = (1 - cfg.jsrr_weight) * loss + cfg.jsrr_weight * l_jsrr
         stats["jsrr"] = l_jsrr.detach()
     return loss.float(), stats

@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -82,7 +84,6 @@ class Run:
     n_params: int
     param_dtype: torch.dtype
     state: TrainState = field(default_factory=TrainState)
-    jsrr_generator: torch.Generator | None = None  # the JSRR probe directions (objective.jsrr_weight > 0)
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -125,6 +126,10 @@ def build_model(cfg: TrainConfig, stage_init: bool) -> nn.Module:
     """The full model on CPU from the seed (identical on every rank and layout); a new stage of a staged
     recipe starts from the previous stage's weights. Stage II trains only the exit gate (ouro §3.4)."""
     torch.manual_seed(cfg.training.seed)
+    # Python's and NumPy's global RNGs too (titanloop draws from neither, user code might): checkpoints save and
+    # restore them, and a resumed run then matches an uninterrupted one in every saved state.
+    random.seed(cfg.training.seed)
+    np.random.seed(cfg.training.seed)
     model = LoopLM(cfg.looplm)
     if cfg.objective.name == "stage2_gate":
         for name, p in model.named_parameters():
@@ -164,5 +169,4 @@ def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
     dataloader = build_data(cfg, mesh)
     state = TrainState()
     checkpointer = build_checkpointer(cfg, engine, dataloader, state)
-    jsrr_generator = torch.Generator().manual_seed(cfg.training.seed + 1)
-    return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, jsrr_generator)
+    return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state)
