@@ -69,7 +69,9 @@ def init_parameters(model: nn.Module, seed: int | None = None) -> None:
                 _fill(param.data, rule, seed, name)
 
 
-def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None:
-    """Allocate a meta-built (and parallelized) model's local shards on `device` and initialize them."""
+def materialize(model: nn.Module, device: torch.device | str, seed: int | None = None) -> None:
+    """Allocate a meta-built (and parallelized) model's local shards on `device` and initialize them from
+    `seed` (default: the seed the LoopLM drew when it was built, so `torch.manual_seed(s)` before building on
+    the meta device gives the weights `torch.manual_seed(s); LoopLM(cfg)` has)."""
     model.to_empty(device=device)
-    init_parameters(model, seed)
+    init_parameters(model, model.init_seed if seed is None else seed)

@@ -127,8 +127,9 @@ class LoopLM(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        # drawn first: building the submodules below consumes torch's global RNG (their default init)
-        seed = draw_seed()
+        # drawn first (building the submodules below consumes torch's global RNG): the weights' seed, also used
+        # by titanloop.model.init.materialize when the model is built on the meta device and sharded
+        self.init_seed = draw_seed()
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         self.prelude = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_prelude_layers))
@@ -144,7 +145,7 @@ class LoopLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # Set by the parallel plan for per-loop activation checkpointing: wraps loop_step calls.
         self.loop_wrapper: Callable | None = None
-        self.init_weights(seed=seed)
+        self.init_weights(seed=self.init_seed)
 
     # ----- initialization ---------------------------------------------------------------------
     def init_rule(self, module: nn.Module, name: str) -> tuple[str, float]:

@@ -25,8 +25,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from titanloop.config_errors import ConfigError, require_choice
 from titanloop.model import LoopLM
 from titanloop.recipe.upcycle import ORDERS, upcycle_state_dict
@@ -97,11 +95,12 @@ def previous_stage_state(stage: StageSection, model: LoopLM) -> dict:
     return state
 
 
-def init_model_from_previous_stage(model: LoopLM, stage: StageSection) -> None:
-    """Load the previous stage's weights into the (not yet parallelized) model of the new stage."""
-    state = previous_stage_state(stage, model)
-    with torch.no_grad():
-        model.load_state_dict(state, strict=True)
+def load_stage_weights(model, stage: StageSection, state: dict) -> None:
+    """Load the previous stage's full weights (from previous_stage_state) into the new stage's model, plain or
+    parallelized (FSDP2 / TP: each rank keeps its shards)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
     log.info("stage %s: weights from %s%s", stage.name or "?", stage.init_from,
              f" (upcycled, order {stage.upcycle})" if stage.upcycle != "none" else "")
 

@@ -3,6 +3,8 @@
 The config and the mesh are validated before any process group exists: bad input is a one-line
 `error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3;
 a preempted run exits 75 after saving (titanloop.checkpoint.preemption).
+`--dry-run --world-size N [--memory-plan]` starts the run at N ranks in one process on torchtitan's fake
+backend and prints the plan instead of training (titanloop.train.dry_run).
 """
 
 from __future__ import annotations
@@ -24,15 +26,28 @@ Sections: {", ".join(SECTIONS)}. See docs/training.md for every field.
 """
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m titanloop.train", usage=USAGE, add_help=True)
     parser.add_argument("--config", help="TOML training config (train_configs/*.toml)")
-    args, overrides = parser.parse_known_args(argv)
-    return args.config, overrides
+    parser.add_argument("--dry-run", action="store_true", help="start at --world-size ranks on torchtitan's fake "
+                        "backend (one process, meta tensors, no GPU), print the plan and exit (titanloop.train.dry_run)")
+    parser.add_argument("--world-size", type=int, help="ranks of the dry run (e.g. nodes x 8)")
+    parser.add_argument("--memory-plan", action="store_true", help="dry run: also print the per-GPU memory plan")
+    parser.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory plan: GPU memory (default 80)")
+    return parser.parse_known_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    config_path = args.config
+    if args.dry_run or args.world_size is not None or args.memory_plan:
+        if config_path is None or not args.dry_run or not args.world_size or args.world_size < 1:
+            print("error: a dry run needs --config C --dry-run --world-size N (N >= 1, e.g. nodes x 8)",
+                  file=sys.stderr)
+            return 2
+        from titanloop.train.dry_run import main as dry_run_main
+
+        return dry_run_main(config_path, overrides, args.world_size, args.memory_plan, args.gpu_mem_gb)
     try:
         if config_path is None:
             raise ConfigError("no config given: pass --config train_configs/<name>.toml (see --help)")

@@ -26,6 +26,7 @@ import torch.nn as nn
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
 from torchtitan.distributed import utils as dist_utils
 
+from titanloop.model.init import materialize
 from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gradient_sync
 from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
 from titanloop.recipe import stages
@@ -91,15 +92,22 @@ class FSDP2Engine:
 
 
 def parallelize(cfg: TrainConfig, model: nn.Module, mesh, param_dtype: torch.dtype) -> nn.Module:
-    """TP -> AC -> compile -> FSDP2 (titanloop.parallel), then onto the device in train mode."""
+    """TP -> AC -> compile -> FSDP2 (titanloop.parallel), in train mode; a meta-device model stays on meta."""
     p = cfg.parallelism
     model = parallelize_looplm(model, parallel_dims=mesh.dims, tp_mesh=mesh.tp_mesh,
                                sequence_parallel=p.sequence_parallel, activation_checkpoint=p.activation_checkpoint,
                                compile=p.compile, compile_backend=p.compile_backend, param_dtype=param_dtype,
                                reduce_dtype=torch.float32, reshard_looped=p.reshard_looped)
-    model.to(mesh.device)
     model.train()
     return model
+
+
+def init_weights(cfg: TrainConfig, model: nn.Module, device, stage_init: bool) -> None:
+    """Allocate this rank's shards of the parallelized meta model on `device` and initialize them from the
+    seed (titanloop.model.init), or load the previous stage's full weights into them (titanloop.recipe.stages)."""
+    materialize(model, device)
+    if stage_init:
+        stages.load_stage_weights(model, cfg.stage, stages.previous_stage_state(cfg.stage, model))
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, tp: int) -> OptimizersContainer:
@@ -121,9 +129,10 @@ def build_lr_schedulers(cfg: TrainConfig, optimizers: OptimizersContainer) -> St
 
 
 def build_engine(cfg: TrainConfig, model: nn.Module, mesh, param_dtype: torch.dtype, stage_init: bool) -> Engine:
-    """Parallelize the model, build its optimizer and LR schedule; a new stage may start from the previous
-    stage's optimizer state (titanloop.recipe.stages)."""
+    """Parallelize the (meta) model, materialize its shards, build its optimizer and LR schedule; a new stage
+    may start from the previous stage's weights and optimizer state (titanloop.recipe.stages)."""
     model = parallelize(cfg, model, mesh, param_dtype)
+    init_weights(cfg, model, mesh.device, stage_init)
     optimizers = build_optimizer(cfg, model, mesh.dims.tp)
     lr_schedulers = build_lr_schedulers(cfg, optimizers)
     if stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):

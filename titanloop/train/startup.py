@@ -2,8 +2,9 @@
 
     load_config (titanloop.train.config: every check that needs no process group, one-line errors)
     -> init_mesh        process group (torchtitan's init_distributed) + ParallelDims and its device meshes
-    -> build_model      the LoopLM, initialized in full on CPU from the seed (or the previous stage's weights)
-    -> build_engine     parallelize (TP/AC/compile/FSDP2), optimizer, LR schedule (titanloop.train.engine)
+    -> build_model      the LoopLM on the meta device (seeded: the same full weights on every layout)
+    -> build_engine     parallelize (TP/AC/compile/FSDP2), allocate and initialize this rank's shards (or load
+                        the previous stage's weights into them), optimizer, LR schedule (titanloop.train.engine)
     -> build_data       this data-parallel rank's loader (titanloop.data)
     -> build_checkpointer  atomic DCP checkpoints of engine, loader and TrainState (titanloop.checkpoint)
 
@@ -122,20 +123,20 @@ def run_dir_has_checkpoint(cfg: TrainConfig) -> bool:
     return cfg.checkpoint.enable and layout.latest_step(root) is not None
 
 
-def build_model(cfg: TrainConfig, stage_init: bool) -> nn.Module:
-    """The full model on CPU from the seed (identical on every rank and layout); a new stage of a staged
-    recipe starts from the previous stage's weights. Stage II trains only the exit gate (ouro §3.4)."""
+def build_model(cfg: TrainConfig) -> nn.Module:
+    """The LoopLM on the meta device (no memory yet; build_engine allocates each rank's shards after
+    parallelizing, titanloop.model.init). Seeded here, so every layout gets the same full weights. Stage II
+    trains only the exit gate (ouro §3.4)."""
     torch.manual_seed(cfg.training.seed)
     # Python's and NumPy's global RNGs too (titanloop draws from neither, user code might): checkpoints save and
     # restore them, and a resumed run then matches an uninterrupted one in every saved state.
     random.seed(cfg.training.seed)
     np.random.seed(cfg.training.seed)
-    model = LoopLM(cfg.looplm)
+    with torch.device("meta"):
+        model = LoopLM(cfg.looplm)
     if cfg.objective.name == "stage2_gate":
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("early_exit_gate."))
-    if stage_init:
-        stages.init_model_from_previous_stage(model, cfg.stage)
     return model
 
 
@@ -161,7 +162,7 @@ def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoade
 def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
     mesh = init_mesh(cfg, comm)
     stage_init = bool(cfg.stage.init_from) and not run_dir_has_checkpoint(cfg)  # else: auto-resume as usual
-    model = build_model(cfg, stage_init)
+    model = build_model(cfg)
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     dtype = param_dtype(cfg, mesh.device_type)
     engine = build_engine(cfg, model, mesh, dtype, stage_init)

@@ -1,0 +1,114 @@
+"""Every shipped launch command starts at its real size: each slurm/*.sh with its stage config at the nodes x
+GPUs it asks for, and every `sbatch` / `torchrun` command of the README, run through the trainer's startup on
+torchtitan's fake backend (titanloop.train.dry_run), all in this one process."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from titanloop.config_errors import ConfigError
+from titanloop.train.config import load_config
+from titanloop.train.dry_run import dry_run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sbatch_directive(text: str, pattern: str) -> int:
+    m = re.search(rf"^#SBATCH {pattern}", text, re.M)
+    assert m, f"no '#SBATCH {pattern}' line"
+    return int(m.group(1))
+
+
+def slurm_launches() -> list[tuple[str, str, int, list[str]]]:
+    """(name, config, world size, overrides) of every stage script at its #SBATCH size."""
+    out = []
+    for script in sorted((REPO / "slurm").glob("*.sh")):
+        text = script.read_text()
+        m = re.search(r"^STAGE_CONFIG=(\S+)", text, re.M)
+        if m is None:  # common.sh, launch_node.sh, local_cluster.sh
+            continue
+        nodes = _sbatch_directive(text, r"--nodes=(\d+)")
+        gpus = _sbatch_directive(text, r"--gres=gpu:(\d+)")
+        out.append((script.name, m.group(1), nodes * gpus, []))
+    return out
+
+
+def _commands(markdown: str) -> list[str]:
+    """Shell commands of the fenced code blocks, with backslash continuations joined."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, re.S):
+        for cmd in block.replace("\\\n", " ").splitlines():
+            lines.append(cmd.split("#", 1)[0].strip())
+    return [c for c in lines if c]
+
+
+def readme_launches() -> list[tuple[str, str, int, list[str]]]:
+    """(command, config, world size, overrides) of the README's sbatch and torchrun training commands."""
+    out = []
+    for cmd in _commands((REPO / "README.md").read_text()):
+        words = shlex.split(cmd)
+        if words[0] == "sbatch":
+            i = next(i for i, w in enumerate(words) if w.startswith("slurm/"))
+            text = (REPO / words[i]).read_text()
+            nodes = _sbatch_directive(text, r"--nodes=(\d+)")
+            for w in words[1:i]:
+                if w.startswith("--nodes="):
+                    nodes = int(w.split("=", 1)[1])
+            config = re.search(r"^STAGE_CONFIG=(\S+)", text, re.M).group(1)
+            out.append((cmd, config, nodes * _sbatch_directive(text, r"--gres=gpu:(\d+)"), words[i + 1:]))
+        elif words[0] == "torchrun" and "titanloop.train" in words:
+            opts = dict(zip(words, words[1:]))
+            i = words.index("--config")
+            out.append((cmd, words[i + 1], int(opts["--nnodes"]) * int(opts["--nproc_per_node"]), words[i + 2:]))
+    return out
+
+
+def test_launch_lists_are_read():
+    """The parsers above find what the repo ships (so the dry-run test below cannot pass vacuously)."""
+    names = {name for name, *_ in slurm_launches()}
+    assert {"stage1a.sh", "stage1b_1p4b.sh", "stage1b_2p6b_upcycle.sh", "stage2_ct_anneal.sh", "stage3_longct.sh",
+            "stage4_midtrain.sh", "gate_stage2.sh"} <= names
+    readme = readme_launches()
+    assert any(size == 256 and "--training.global_batch_size" in over for _, _, size, over in readme)
+    assert sum(cmd.startswith("sbatch") for cmd, *_ in readme) >= 2 and any(c.startswith("torchrun") for c, *_ in readme)
+
+
+def test_every_shipped_launch_starts_at_its_size():
+    failures = []
+    for name, config, world_size, overrides in slurm_launches() + readme_launches():
+        try:
+            cfg = load_config(REPO / config, overrides, world_size=world_size)
+            report = dry_run(cfg, world_size)
+        except ConfigError as e:
+            failures.append(f"{name} ({config} at {world_size} ranks): {e}")
+            continue
+        assert f"at world size {world_size}" in report.text()
+    assert not failures, "\n".join(failures)
+
+
+def test_impossible_ramp_names_a_value_that_works():
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "train_configs/stage1a.toml", ["--training.batch_ramp_increment", "128"], world_size=128)
+    msg = str(e.value)
+    assert "\n" not in msg and "batch_ramp_increment=128" in msg and "e.g. batch_ramp_increment=256" in msg
+    load_config(REPO / "train_configs/stage1a.toml", ["--training.batch_ramp_increment", "256"], world_size=128)
+
+
+def test_dry_run_command_line():
+    """The exact command of the docs: exit 0 with the plan; a bad world size: exit 2 and one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "titanloop.train", "--config", "train_configs/stage1a.toml", "--dry-run"]
+    ok = subprocess.run(cmd + ["--world-size", "128"], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "mesh dp_shard 128 x tp 1" in ok.stdout and "grad accum 4..8" in ok.stdout
+    bad = subprocess.run(cmd + ["--world-size", "96", "--parallelism.tp", "8"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr

@@ -1,0 +1,208 @@
+"""`python -m titanloop.train --config C --dry-run --world-size N [--memory-plan] [--gpu-mem-gb 80]`
+
+Starts a training run at its real world size in one process, without GPUs: torchtitan's
+`comm.mode = "fake_backend"` gives a fake process group in which this process plays rank 0 of N (collectives
+return at once, nothing is sent). Then the trainer's own startup steps run as in a real start: config checks
+at world size N, ParallelDims and the device mesh, the model built on the meta device, parallelized with
+FSDP2 + TP + AC + compile as configured (bf16 parameters, as on GPU), the optimizer, the LR / loop-count /
+batch schedules over the stage's whole length, the checkpoint plan and the data plan. Nothing is allocated
+(meta tensors), no file is written. Exit 0 with a summary, or 2 with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from titanloop.config_errors import ConfigError, require
+from titanloop.train.config import TrainConfig, mesh_degrees
+
+# Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
+_SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+               "layers.0.mlp.down_proj.weight", "lm_head.weight")
+
+
+@contextmanager
+def fake_mesh(cfg: TrainConfig, world_size: int, rank: int = 0):
+    """The trainer's init_mesh on torchtitan's fake backend (comm.mode="fake_backend"): this process is `rank` of
+    `world_size`. The process group is destroyed on exit, so several dry runs can share one process."""
+    import torch.distributed as dist
+
+    from titanloop.train.startup import default_comm, init_mesh
+
+    saved = {k: os.environ.get(k) for k in ("NGPU", "RANK", "LOCAL_RANK")}
+    os.environ.update(NGPU=str(world_size), RANK=str(rank), LOCAL_RANK="0")
+    comm = default_comm()
+    comm.mode = "fake_backend"
+    try:
+        yield init_mesh(cfg, comm)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@dataclass
+class DryRunReport:
+    lines: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    memory_plan: object | None = None
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines + [f"warning: {w}" for w in self.warnings])
+
+
+def _shape_table(model, report: DryRunReport) -> None:
+    from torch.distributed.tensor import DTensor
+
+    params = dict(model.named_parameters())
+    for key in _SHAPE_KEYS:
+        p = params.get(key)
+        if p is None:
+            continue
+        local = tuple(p.to_local().shape) if isinstance(p, DTensor) else tuple(p.shape)
+        where = f" {tuple(p.placements)}" if isinstance(p, DTensor) else ""
+        report.add(f"  {key}: global {tuple(p.shape)} -> rank 0 {local}{where} {p.dtype}")
+
+
+def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -> None:
+    """Walk the LR, loop-count and batch schedules over every step of the stage."""
+    from titanloop.objectives import LoopSampler
+
+    t = cfg.training
+    lam = lr_schedulers.schedulers[0].lr_lambdas[0]
+    sampler = LoopSampler(cfg.loop_sampler)
+    ramp = t.batch_ramp()
+    per_round = t.micro_batch_size * dp
+    lrs, loops, accums, tokens = [], set(), set(), 0
+    for step in range(t.steps):
+        factor = lam(step)
+        require(math.isfinite(factor) and factor >= 0, "lr_scheduler", factor, "a finite LR factor >= 0 at "
+                f"step {step}")
+        if step in (0, cfg.lr_scheduler.warmup_steps, t.steps - 1):
+            lrs.append((step, factor * cfg.optimizer.lr))
+        if cfg.loop_sampler.kind != "fixed" or step == 0:
+            loops.add(sampler(step))
+        batch = ramp.batch_at(step) if ramp else t.global_batch_size
+        require(batch % per_round == 0, "training.global_batch_size", batch,
+                f"a multiple of micro_batch_size*dp={per_round} at step {step}")
+        accums.add(batch // per_round)
+        tokens += batch * t.seq_len
+    report.add("schedules over all " + f"{t.steps:,} steps: LR " +
+               ", ".join(f"{lr:.3g} at step {s}" for s, lr in lrs) +
+               f" | loops T in {sorted(loops) if len(loops) < 6 else (min(loops), max(loops))}"
+               f" | grad accum {min(accums)}..{max(accums)} micro-batches of {t.micro_batch_size} x {t.seq_len}"
+               f" | {tokens / 1e12:.3f}T tokens")
+
+
+def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
+    from titanloop.data import DataConfig
+    from titanloop.data.shards import is_remote
+
+    data = DataConfig.from_dict(cfg.data)
+    t = cfg.training
+    line = (f"data: {data.kind}, each of {dp} data-parallel ranks reads {t.micro_batch_size} x {t.seq_len} "
+            f"tokens per micro-batch")
+    if data.sources:
+        total = sum(s.weight for s in data.sources)
+        line += "; sources " + ", ".join(f"{s.path} ({s.weight / total:.1%})" for s in data.sources)
+        missing = [s.path for s in data.sources if not is_remote(s.path) and not Path(s.path).exists()]
+        placeholders = [s.path for s in data.sources if "YOUR-BUCKET" in s.path]
+        if missing:
+            report.warnings.append(f"data sources not found here (fine if they exist on the cluster): {missing}")
+        if placeholders:
+            report.warnings.append(f"{len(placeholders)} data source(s) are placeholders (YOUR-BUCKET): point "
+                                   "[data] sources at your shard sets")
+    report.add(line)
+
+
+def _checkpoint_plan(cfg: TrainConfig, n_params: int, world_size: int, report: DryRunReport) -> None:
+    from titanloop.checkpoint import CheckpointConfig, layout
+    from titanloop.recipe import stages
+
+    c, t = cfg.checkpoint, cfg.training
+    # fp32 master weights + two fp32 Adam moments (DCP writes each rank's shards)
+    size = n_params * 4 * (3 if cfg.objective.name != "stage2_gate" else 1)
+    if c.enable:
+        saves = t.steps // c.interval + (t.steps % c.interval != 0)
+        report.add(f"checkpoints: {saves} saves to {t.run_dir}/{CheckpointConfig.folder} (every {c.interval} steps, "
+                   f"keep {c.keep_latest_k}), ~{size / 1e9:.1f} GB each, ~{size / world_size / 1e9:.2f} GB per rank")
+    else:
+        report.add("checkpoints: disabled")
+    root = Path(t.run_dir) / CheckpointConfig.folder
+    if c.enable and layout.latest_step(root) is not None:
+        report.add(f"  resumes from {root} step {layout.latest_step(root)}")
+    elif cfg.stage.init_from:
+        found = stages.checkpoint_folder(cfg.stage.init_from) if Path(cfg.stage.init_from).exists() else None
+        report.add(f"  starts from the previous stage {cfg.stage.init_from}"
+                   + (f" step {found[1]}" if found else " (not present here)")
+                   + (f", upcycled ({cfg.stage.upcycle})" if cfg.stage.upcycle != "none" else ""))
+        if not found:
+            report.warnings.append(f"stage.init_from={cfg.stage.init_from!r} has no checkpoint here: the real "
+                                   "start needs the previous stage's checkpoints there")
+
+
+def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu_mem_gb: float = 80.0,
+            ) -> DryRunReport:
+    """Everything a real start at `world_size` does, on a fake process group and meta tensors."""
+    from titanloop.train.config import validate_layout
+    from titanloop.train.engine import build_lr_schedulers, build_optimizer, parallelize
+    from titanloop.train.startup import build_model, param_dtype
+
+    validate_layout(cfg, world_size)
+    dp, tp = mesh_degrees(cfg, world_size)
+    report = DryRunReport()
+    with fake_mesh(cfg, world_size) as mesh:
+        model = build_model(cfg)  # meta
+        n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        dtype = param_dtype(cfg, "cuda")  # what the run gets on the GPUs it is meant for
+        model = parallelize(cfg, model, mesh, dtype)
+        optimizers = build_optimizer(cfg, model, tp)
+        lr_schedulers = build_lr_schedulers(cfg, optimizers)
+        m = cfg.looplm
+        report.add(f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
+                   f"(fake backend, rank 0 of {world_size})")
+        report.add(f"model {cfg.model.preset}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
+                   f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
+                   f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
+                   f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors")
+        report.add("per-rank shapes:")
+        _shape_table(model, report)
+        _schedules(cfg, lr_schedulers, dp, report)
+        _checkpoint_plan(cfg, n_params, world_size, report)
+        _data_plan(cfg, dp, report)
+        if memory_plan:
+            from titanloop.train.memory_plan import plan_memory
+
+            report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb)
+            report.add(report.memory_plan.text())
+    return report
+
+
+def main(config_path: str, overrides: list[str], world_size: int, memory_plan: bool, gpu_mem_gb: float) -> int:
+    import sys
+
+    from titanloop.train.config import load_config
+
+    try:
+        cfg = load_config(config_path, overrides, world_size=world_size)
+        report = dry_run(cfg, world_size, memory_plan=memory_plan, gpu_mem_gb=gpu_mem_gb)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.text())
+    if report.memory_plan is not None and not report.memory_plan.fits:
+        print(f"error: {report.memory_plan.verdict}", file=sys.stderr)
+        return 2
+    print(f"dry run ok: {config_path} starts at world size {world_size}")
+    return 0
