@@ -1,0 +1,143 @@
+"""Per-GPU memory plan of a training config at its world size, measured on fake tensors.
+
+One rank of the run is simulated on the fake process group of the dry run (titanloop.train.dry_run): the
+model is built on the meta device and parallelized exactly as the trainer does (engine.parallelize), then
+turned into FakeTensors (no memory), and one optimizer step of the trainer's own code runs on it under
+torch's FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): forward T loops + the per-loop objective
+(loop.forward_objective) and engine.backward for two micro-batches (so the gradient-accumulation state is
+included), then engine.step (clip + optimizer). The tracker records every tensor's storage by category (sharded
+and unsharded parameters, gradients, optimizer state, activations, temporaries, collective buffers) and the
+peak over the step. Nothing here is a formula of the model's shape.
+
+Limits: fake tensors on this machine run the CPU kernels' shapes. Attention is planned as causal attention with
+a fused kernel (flash on GPU, SDPA's flash kernel on CPU: O(S) saved state) or, with `attention="math"`, as the
+unfused math kernel (the [S, S] scores are materialized); document masking (flash varlen on GPU) is planned as
+causal attention, whose memory is the same. CUDA-allocator fragmentation and the NCCL/CUDA context (~1-3 GB on
+an H100) are not in the tensors; `fits` keeps `reserve_gb` (default 4 GB) free for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from titanloop.train.config import TrainConfig
+
+GB = 1e9
+# tracker category -> the plan's row
+_ROWS = {"Sharded Param": "parameters (sharded)", "Unsharded Param": "parameters (gathered)",
+         "Sharded Grad": "gradients (sharded)", "Unsharded Grad": "gradients (gathered)", "OptState": "optimizer",
+         "Activation": "activations", "Temp": "temporaries (backward, CE chunks)", "All Gather": "all-gather buffers",
+         "Reduce Scatter": "reduce-scatter buffers", "Buffer": "buffers", "Inputs": "inputs"}
+
+
+@dataclass
+class MemoryPlan:
+    world_size: int
+    n_loops: int
+    rows: dict[str, int]  # bytes per row at the peak of the step
+    peak: int  # bytes
+    gpu_mem_gb: float
+    reserve_gb: float
+    attention: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak / GB + self.reserve_gb <= self.gpu_mem_gb
+
+    @property
+    def verdict(self) -> str:
+        need = self.peak / GB + self.reserve_gb
+        return (f"peak {self.peak / GB:.1f} GB + {self.reserve_gb:.0f} GB reserve = {need:.1f} GB "
+                f"{'fits' if self.fits else 'does NOT fit'} in {self.gpu_mem_gb:.0f} GB per GPU")
+
+    def text(self) -> str:
+        lines = [f"memory plan per GPU (rank 0 of {self.world_size}, one step, T={self.n_loops}, "
+                 f"{self.attention} attention; measured on fake tensors):"]
+        for name, value in self.rows.items():
+            if value:
+                lines.append(f"  {name:36s} {value / GB:8.2f} GB")
+        act = self.rows.get("activations", 0)
+        lines.append(f"  {'activations per loop (average)':36s} {act / self.n_loops / GB:8.2f} GB")
+        lines.append(f"  {'peak':36s} {self.peak / GB:8.2f} GB")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        lines.append(f"  {self.verdict}")
+        return "\n".join(lines)
+
+
+def _fake_run(cfg: TrainConfig, mesh, engine):
+    """The slice of startup.Run that loop.forward_objective reads."""
+    from titanloop.train.startup import TrainState
+
+    return types.SimpleNamespace(cfg=cfg, mesh=mesh, engine=engine, state=TrainState(step=1), jsrr_generator=None)
+
+
+def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batches: int = 2,
+                 attention: str = "fused", fake: bool = True) -> dict[str, int]:
+    """Peak bytes by tracker category over one optimizer step of `cfg` on this rank.
+
+    fake=True: FakeTensors on the current (usually fake) process group: nothing is allocated.
+    fake=False: the same step on real tensors (used to check the tracker against a real run)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from titanloop.train.engine import FSDP2Engine, build_lr_schedulers, build_optimizer, init_weights, parallelize
+    from titanloop.train.loop import forward_objective
+    from titanloop.train.startup import build_model
+
+    t = cfg.training
+    n_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
+    if mesh.device.type == "cpu":  # FakeTensors tell "cpu" from "cpu:0"; FSDP2 puts CPU parameters on "cpu"
+        mesh = dataclasses.replace(mesh, device=torch.device("cpu"))
+    model = parallelize(cfg, build_model(cfg), mesh, param_dtype)
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    kernel = sdpa_kernel(SDPBackend.MATH) if attention == "math" else contextlib.nullcontext()
+    with mode:
+        if fake:
+            model.to_empty(device=mesh.device)
+        else:
+            init_weights(cfg, model, mesh.device, stage_init=False)
+        optimizers = build_optimizer(cfg, model, mesh.dims.tp)
+        engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
+        run = _fake_run(cfg, mesh, engine)
+        tracker = FSDPMemTracker(model, optimizers.optimizers[0])
+        batch = {"input_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
+                 "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
+                 "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long)}
+        tracker.track_inputs((batch["input_ids"],))
+        with tracker, kernel:
+            engine.zero_grad()
+            for i in range(micro_batches):
+                tracker.reset_mod_stats()  # per-module stats only; the step's peak snapshot is kept
+                loss, _ = forward_objective(run, batch, n_loops)
+                engine.backward(loss * (1.0 / micro_batches), last_micro_batch=i == micro_batches - 1)
+                del loss
+            engine.step(t.max_norm if t.max_norm > 0 else float("inf"))
+        snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+
+
+def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0,
+                attention: str = "fused") -> MemoryPlan:
+    """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
+    from titanloop.train.startup import param_dtype
+
+    # Document masking is planned as causal attention (same memory with flash varlen; fake tensors cannot run
+    # the data-dependent document boundaries).
+    planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))
+    ramp = cfg.training.batch_ramp()
+    accum = (ramp.end if ramp else cfg.training.global_batch_size) // (cfg.training.micro_batch_size * mesh.dp_world)
+    snap = measure_step(planned, mesh, param_dtype(cfg, "cuda"), micro_batches=min(2, accum), attention=attention)
+    rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
+    n_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
+    notes = []
+    if cfg.parallelism.compile:
+        notes.append("planned eager: torch.compile usually lowers activation memory (fused elementwise ops)")
+    return MemoryPlan(mesh.world_size, n_loops, rows, snap.get("Total", sum(rows.values())), gpu_mem_gb,
+                      reserve_gb, attention, notes)
