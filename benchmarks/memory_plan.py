@@ -4,9 +4,10 @@ at its sbatch size. Writes benchmarks/results/memory_plan.json.
     python benchmarks/memory_plan.py [--quick]
 
 Each entry is the trainer's own step measured on fake tensors (FSDPMemTracker) at world size 8 (or the stage's),
-bf16 parameters as on GPU. To keep this runnable on a 2-core machine the looped stack is measured at 2 and 4
-layers and every row extrapolated linearly to the real depth (24 / 48 layers): all rows are sums over layers
-plus a layer-independent part (embedding, LM head, CE chunks, the T loop inputs kept by AC). `--check-depth`
+bf16 parameters as on GPU. To keep this runnable on a 2-core machine the looped stack is measured at 1 and 2
+layers and the peak extrapolated linearly to the real depth (24 / 48 layers): it is a sum over layers plus a
+layer-independent part (embedding, LM head, CE chunks, the T loop inputs kept by AC). Parameters, gradients and
+optimizer state are shown as extrapolated; the rest of the peak is activations + temporaries. `--check-depth`
 measures one configuration at 6 layers directly and reports the extrapolation's error.
 """
 
@@ -28,8 +29,10 @@ from titanloop.train.dry_run import fake_mesh  # noqa: E402
 from titanloop.train.memory_plan import GB, plan_memory  # noqa: E402
 
 SHAPES = [("ouro-1.4b", 24), ("ouro-2.6b", 48)]
-ROWS = ["parameters (sharded)", "parameters (gathered)", "gradients (sharded)", "gradients (gathered)", "optimizer",
-        "activations", "temporaries (backward, CE chunks)"]
+# rows that are sums over layers (linear in depth); the rest of the peak is activations + temporaries
+LINEAR = {"parameters": ["parameters (sharded)", "parameters (gathered)"],
+          "gradients": ["gradients (sharded)", "gradients (gathered)"], "optimizer": ["optimizer"]}
+ROWS = [*LINEAR, "activations + temporaries"]
 
 
 def plan_at(config: str | None, overrides: list[str], world: int, n_layers: int) -> dict:
@@ -39,9 +42,16 @@ def plan_at(config: str | None, overrides: list[str], world: int, n_layers: int)
     return {**p.rows, "peak": p.peak}
 
 
-def extrapolated(config, overrides, world, depth) -> dict:
-    a, b = plan_at(config, overrides, world, 2), plan_at(config, overrides, world, 4)
-    return {k: a[k] + (b[k] - a[k]) * (depth - 2) / 2 for k in a}
+def measured(config, overrides, world) -> tuple[dict, dict]:
+    return plan_at(config, overrides, world, 1), plan_at(config, overrides, world, 2)
+
+
+def extrapolated(pair: tuple[dict, dict], depth: int) -> dict:
+    a, b = pair
+    out = {k: a[k] + (b[k] - a[k]) * (depth - 1) for k in a}
+    grouped = {name: sum(out[k] for k in keys) for name, keys in LINEAR.items()}
+    grouped["activations + temporaries"] = out["peak"] - sum(grouped.values())
+    return {**grouped, "peak": out["peak"]}
 
 
 def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) -> list[str]:
@@ -53,16 +63,18 @@ def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) ->
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="only the 1.4B rows at 4K")
+    ap.add_argument("--quick", action="store_true", help="only 4K rows and the 1.4B stage configs")
     ap.add_argument("--check-depth", action="store_true")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
     args = ap.parse_args(argv)
     rows, notes = [], []
-    for preset, depth in SHAPES[:1] if args.quick else SHAPES:
-        for n_loops in (4, 8):
-            for seq in ((4096,) if args.quick else (4096, 16384)):
-                for ac in ("none", "loop"):
-                    r = extrapolated(None, shape_overrides(preset, n_loops, seq, ac, 1), 8, depth)
+    # 1.4B and 2.6B share the layer shape (2.6B = 48 of the 24 layers of 1.4B): one measurement pair serves both
+    for n_loops in (4, 8):
+        for seq in ((4096,) if args.quick else (4096, 16384)):
+            for ac in ("none", "loop"):
+                pair = measured(None, shape_overrides("ouro-1.4b", n_loops, seq, ac, 1), 8)
+                for preset, depth in SHAPES:
+                    r = extrapolated(pair, depth)
                     rows.append([preset, n_loops, seq, ac, 1] + [f"{r[k] / GB:.1f}" for k in ROWS] +
                                 [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
                     print(rows[-1], flush=True)
@@ -78,7 +90,7 @@ def main(argv=None) -> int:
         if args.quick and cfg.model.preset != "ouro-1.4b":
             continue
         depth = cfg.looplm.n_layers
-        r = extrapolated(str(REPO / config), [], world, depth)
+        r = extrapolated(measured(str(REPO / config), [], world), depth)
         t = cfg.training
         stage_rows.append([script.name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
                            cfg.loop_sampler.n_loops, t.seq_len, cfg.parallelism.activation_checkpoint,
@@ -86,10 +98,10 @@ def main(argv=None) -> int:
         print(stage_rows[-1], flush=True)
     if args.check_depth:
         over = shape_overrides("ouro-1.4b", 4, 4096, "loop", 1)
-        direct = plan_at(None, over, 8, 6)["peak"]
-        extra = extrapolated(None, over, 8, 6)["peak"]
-        notes.append(f"Depth extrapolation check (1.4B shape, T=4, 4K, AC loop, 6 layers): measured "
-                     f"{direct / GB:.2f} GB, extrapolated from 2 and 4 layers {extra / GB:.2f} GB "
+        direct = plan_at(None, over, 8, 4)["peak"]
+        extra = extrapolated(measured(None, over, 8), 4)["peak"]
+        notes.append(f"Depth extrapolation check (1.4B shape, T=4, 4K, AC loop, 4 layers): measured "
+                     f"{direct / GB:.2f} GB, extrapolated from 1 and 2 layers {extra / GB:.2f} GB "
                      f"({(extra - direct) / direct:+.1%}).")
     result = {
         "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
@@ -108,7 +120,7 @@ def main(argv=None) -> int:
              "rows": stage_rows}],
         "notes": notes + [
             "Measured by `python -m titanloop.train --config C --dry-run --world-size N --memory-plan` "
-            "(titanloop.train.memory_plan) at 2 and 4 looped layers, extrapolated linearly to 24 / 48.",
+            "(titanloop.train.memory_plan) at 1 and 2 looped layers, extrapolated linearly to 24 / 48 (the 2.6B stack is 48 layers of the 1.4B shape).",
             "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
             "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
             "(planned eager)."],

@@ -5,7 +5,7 @@ model is built on the meta device and parallelized exactly as the trainer does (
 turned into FakeTensors (no memory), and one optimizer step of the trainer's own code runs on it under
 torch's FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): forward T loops + the per-loop objective
 (loop.forward_objective) and engine.backward for two micro-batches (so the gradient-accumulation state is
-included), then engine.step (clip + optimizer). The tracker records every tensor's storage by category (sharded
+included), then engine.step (clip + optimizer); twice, so the peak includes the optimizer state. The tracker records every tensor's storage by category (sharded
 and unsharded parameters, gradients, optimizer state, activations, temporaries, collective buffers) and the
 peak over the step. Nothing here is a formula of the model's shape.
 
@@ -57,7 +57,7 @@ class MemoryPlan:
                 f"{'fits' if self.fits else 'does NOT fit'} in {self.gpu_mem_gb:.0f} GB per GPU")
 
     def text(self) -> str:
-        lines = [f"memory plan per GPU (rank 0 of {self.world_size}, one step, T={self.n_loops}, "
+        lines = [f"memory plan per GPU (rank 0 of {self.world_size}, T={self.n_loops}, "
                  f"{self.attention} attention; measured on fake tensors):"]
         for name, value in self.rows.items():
             if value:
@@ -79,7 +79,8 @@ def _fake_run(cfg: TrainConfig, mesh, engine):
 
 def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batches: int = 2,
                  attention: str = "fused", fake: bool = True) -> dict[str, int]:
-    """Peak bytes by tracker category over one optimizer step of `cfg` on this rank.
+    """Peak bytes by tracker category over two optimizer steps of `cfg` on this rank (the second one holds the
+    optimizer state).
 
     fake=True: FakeTensors on the current (usually fake) process group: nothing is allocated.
     fake=False: the same step on real tensors (used to check the tracker against a real run)."""
@@ -112,13 +113,14 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
                  "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long)}
         tracker.track_inputs((batch["input_ids"],))
         with tracker, kernel:
-            engine.zero_grad()
-            for i in range(micro_batches):
-                tracker.reset_mod_stats()  # per-module stats only; the step's peak snapshot is kept
-                loss, _ = forward_objective(run, batch, n_loops)
-                engine.backward(loss * (1.0 / micro_batches), last_micro_batch=i == micro_batches - 1)
-                del loss
-            engine.step(t.max_norm if t.max_norm > 0 else float("inf"))
+            for _ in range(2):  # the second step runs with the optimizer state the first one created
+                engine.zero_grad()
+                for i in range(micro_batches):
+                    tracker.reset_mod_stats()  # per-module stats only; the peak snapshot is kept
+                    loss, _ = forward_objective(run, batch, n_loops)
+                    engine.backward(loss * (1.0 / micro_batches), last_micro_batch=i == micro_batches - 1)
+                    del loss
+                engine.step(t.max_norm if t.max_norm > 0 else float("inf"))
         snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
 
