@@ -49,13 +49,14 @@ def _worker(out: str) -> None:
 
 
 def _plan(world: int) -> float:
-    """Peak GB printed by the dry run's --memory-plan (fake backend, one process)."""
-    cmd = [sys.executable, "-m", "titanloop.train", "--config", str(CONFIG), "--dry-run", "--world-size", str(world),
-           "--memory-plan", *OVERRIDES, "--training.global_batch_size", str(4 * world)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return float(re.search(r"^\s+peak\s+([\d.]+) GB$", proc.stdout, re.M).group(1)) * 1e9
+    """Peak bytes of the dry run's memory plan (fake backend, in this process)."""
+    from titanloop.train.config import load_config
+    from titanloop.train.dry_run import dry_run
+
+    cfg = load_config(CONFIG, OVERRIDES + ["--training.global_batch_size", str(4 * world)], world_size=world)
+    report = dry_run(cfg, world, memory_plan=True)
+    assert "peak" in report.text()
+    return report.memory_plan.peak
 
 
 @pytest.mark.parametrize("world", [1, 2])
