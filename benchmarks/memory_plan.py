@@ -61,24 +61,48 @@ def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) ->
             "--training.dtype", "bfloat16"]
 
 
+def write(args, rows, stage_rows, notes) -> None:
+    result = {
+        "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
+        "order": 60,
+        "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else ""),
+        "date": datetime.date.today().isoformat(),
+        "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
+        "summary": [],
+        "tables": [
+            {"title": "Every slurm/*.sh stage config at its sbatch size, its own micro-batch, GB per GPU at the "
+                      "step's peak (fits: peak + 4 GB reserve <= 80 GB):",
+             "columns": ["script", "GPUs", "mesh", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak GB", "fits 80 GB"],
+             "rows": stage_rows},
+            {"title": "Ouro shapes at world size 8 (dp_shard 8), micro-batch 1, bf16 parameters, fp32 master weights "
+                      "and AdamW state, reshard_looped = never, fused attention; GB per GPU at the step's peak:",
+             "columns": ["model", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak", "fits 80 GB"], "rows": rows}],
+        "notes": notes + [
+            "Measured by the code of `python -m titanloop.train --config C --dry-run --world-size N --memory-plan` "
+            "(titanloop.train.memory_plan) at 1 and 2 looped layers, extrapolated linearly to 24 / 48 (the 2.6B "
+            "stack is 48 layers of the 1.4B shape).",
+            "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
+            "gradients are already freed (zero_grad) and this step's are not reduced yet.",
+            "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
+            "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
+            "(planned eager); document masking (planned as causal attention, same memory with flash varlen)."],
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only 4K rows and the 1.4B stage configs")
     ap.add_argument("--check-depth", action="store_true")
+    ap.add_argument("--rows-from", help="a log of an earlier run: its printed shape rows are reused")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
     args = ap.parse_args(argv)
-    rows, notes = [], []
-    # 1.4B and 2.6B share the layer shape (2.6B = 48 of the 24 layers of 1.4B): one measurement pair serves both
-    for n_loops in (4, 8):
-        for seq in ((4096,) if args.quick else (4096, 16384)):
-            for ac in ("none", "loop"):
-                pair = measured(None, shape_overrides("ouro-1.4b", n_loops, seq, ac, 1), 8)
-                for preset, depth in SHAPES:
-                    r = extrapolated(pair, depth)
-                    rows.append([preset, n_loops, seq, ac, 1] + [f"{r[k] / GB:.1f}" for k in ROWS] +
-                                [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
-                    print(rows[-1], flush=True)
-    stage_rows = []
+    rows, stage_rows, notes = [], [], []
+    if args.rows_from:
+        import ast
+
+        rows = [ast.literal_eval(line) for line in Path(args.rows_from).read_text().splitlines()
+                if line.startswith("['ouro-")]
     for script in sorted((REPO / "slurm").glob("*.sh")):
         text = script.read_text()
         if "STAGE_CONFIG=" not in text:
@@ -89,13 +113,28 @@ def main(argv=None) -> int:
         cfg = load_config(REPO / config, [], world_size=world)
         if args.quick and cfg.model.preset != "ouro-1.4b":
             continue
-        depth = cfg.looplm.n_layers
-        r = extrapolated(measured(str(REPO / config), [], world), depth)
+        r = extrapolated(measured(str(REPO / config), [], world), cfg.looplm.n_layers)
         t = cfg.training
         stage_rows.append([script.name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
                            cfg.loop_sampler.n_loops, t.seq_len, cfg.parallelism.activation_checkpoint,
-                           t.micro_batch_size, f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
+                           t.micro_batch_size] + [f"{r[k] / GB:.1f}" for k in ROWS] +
+                          [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
         print(stage_rows[-1], flush=True)
+        write(args, rows, stage_rows, notes)
+    done = {tuple(r[1:4]) for r in rows}
+    # 1.4B and 2.6B share the layer shape (2.6B = 48 of the 24 layers of 1.4B): one measurement pair serves both
+    for n_loops in (4, 8):
+        for seq in ((4096,) if args.quick else (4096, 16384)):
+            for ac in ("none", "loop"):
+                if (n_loops, seq, ac) in done:
+                    continue
+                pair = measured(None, shape_overrides("ouro-1.4b", n_loops, seq, ac, 1), 8)
+                for preset, depth in SHAPES:
+                    r = extrapolated(pair, depth)
+                    rows.append([preset, n_loops, seq, ac, 1] + [f"{r[k] / GB:.1f}" for k in ROWS] +
+                                [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
+                    print(rows[-1], flush=True)
+                write(args, rows, stage_rows, notes)
     if args.check_depth:
         over = shape_overrides("ouro-1.4b", 4, 4096, "loop", 1)
         direct = plan_at(None, over, 8, 4)["peak"]
@@ -103,29 +142,8 @@ def main(argv=None) -> int:
         notes.append(f"Depth extrapolation check (1.4B shape, T=4, 4K, AC loop, 4 layers): measured "
                      f"{direct / GB:.2f} GB, extrapolated from 1 and 2 layers {extra / GB:.2f} GB "
                      f"({(extra - direct) / direct:+.1%}).")
-    result = {
-        "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
-        "order": 60,
-        "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else ""),
-        "date": datetime.date.today().isoformat(),
-        "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
-        "summary": [],
-        "tables": [
-            {"title": "Ouro shapes at world size 8 (dp_shard 8), micro-batch 1, bf16 parameters, fp32 master weights "
-                      "and AdamW state, reshard_looped = never, fused attention; GB per GPU at the step's peak "
-                      "(fits: peak + 4 GB reserve <= 80 GB):",
-             "columns": ["model", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak", "fits 80 GB"], "rows": rows},
-            {"title": "Every slurm/*.sh stage config at its sbatch size, its own micro-batch:",
-             "columns": ["script", "GPUs", "mesh", "T", "seq", "AC", "micro-batch", "peak GB", "fits 80 GB"],
-             "rows": stage_rows}],
-        "notes": notes + [
-            "Measured by `python -m titanloop.train --config C --dry-run --world-size N --memory-plan` "
-            "(titanloop.train.memory_plan) at 1 and 2 looped layers, extrapolated linearly to 24 / 48 (the 2.6B stack is 48 layers of the 1.4B shape).",
-            "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
-            "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
-            "(planned eager)."],
-    }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    rows.sort(key=lambda r: (r[0], r[1], r[2], r[3]))
+    write(args, rows, stage_rows, notes)
     print(f"wrote {args.out}")
     return 0
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from titanloop.parallel.comm_count import count_collective_bytes
 from titanloop.train.config import TrainConfig
 
 GB = 1e9
@@ -78,7 +79,7 @@ def _fake_run(cfg: TrainConfig, mesh, engine):
 
 
 def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batches: int = 2,
-                 attention: str = "fused", fake: bool = True) -> dict[str, int]:
+                 attention: str = "fused", fake: bool = True, comm_bytes: dict | None = None) -> dict[str, int]:
     """Peak bytes by tracker category over two optimizer steps of `cfg` on this rank (the second one holds the
     optimizer state).
 
@@ -89,7 +90,6 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from titanloop.train.engine import FSDP2Engine, build_lr_schedulers, build_optimizer, init_weights, parallelize
-    from titanloop.train.loop import forward_objective
     from titanloop.train.startup import build_model
 
     t = cfg.training
@@ -107,22 +107,34 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
         optimizers = build_optimizer(cfg, model, mesh.dims.tp)
         engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
         run = _fake_run(cfg, mesh, engine)
-        tracker = FSDPMemTracker(model, optimizers.optimizers[0])
+        run.tracker = tracker = FSDPMemTracker(model, optimizers.optimizers[0])
         batch = {"input_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
                  "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
                  "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long)}
         tracker.track_inputs((batch["input_ids"],))
         with tracker, kernel:
-            for _ in range(2):  # the second step runs with the optimizer state the first one created
-                engine.zero_grad()
-                for i in range(micro_batches):
-                    tracker.reset_mod_stats()  # per-module stats only; the peak snapshot is kept
-                    loss, _ = forward_objective(run, batch, n_loops)
-                    engine.backward(loss * (1.0 / micro_batches), last_micro_batch=i == micro_batches - 1)
-                    del loss
-                engine.step(t.max_norm if t.max_norm > 0 else float("inf"))
+            for step in range(2):  # the second step runs with the optimizer state the first one created
+                counting = count_collective_bytes() if step == 1 else contextlib.nullcontext()
+                with counting as nbytes:
+                    _step(run, engine, batch, n_loops, micro_batches)
+                if comm_bytes is not None and nbytes is not None:
+                    comm_bytes.update(nbytes)
         snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+
+
+def _step(run, engine, batch, n_loops: int, micro_batches: int) -> None:
+    """One optimizer step as titanloop.train.loop.train_step runs it (without the loss all-reduce and callbacks)."""
+    from titanloop.train.loop import forward_objective
+
+    t = run.cfg.training
+    engine.zero_grad()
+    for i in range(micro_batches):
+        run.tracker.reset_mod_stats()  # per-module stats only; the peak snapshot is kept
+        loss, _ = forward_objective(run, batch, n_loops)
+        engine.backward(loss * (1.0 / micro_batches), last_micro_batch=i == micro_batches - 1)
+        del loss
+    engine.step(t.max_norm if t.max_norm > 0 else float("inf"))
 
 
 def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0,

@@ -1,0 +1,105 @@
+"""Network bytes per optimizer step per GPU for the FSDP stage configs, and the step-time floor at 400 Gb/s.
+
+    python benchmarks/network_per_step.py
+
+The trainer's step (titanloop.train.memory_plan.measure_step: loop.forward_objective, engine.backward,
+engine.step) runs on fake tensors on the dry run's fake process group, with the collective byte counter
+(titanloop.parallel.comm_count.count_collective_bytes) on the second step. Ouro-1.4B layer shape, bf16
+parameters, fp32 gradient reduction, 4K tokens, micro-batch 1. Measured at 2 and 4 ranks, 1 and 2 looped layers,
+T = 4 and 8, 1 and 2 micro-batches; the counts are then extrapolated to each FSDP-only stage config at its sbatch
+size: buffer bytes = fixed + per layer x layers + per extra micro-batch x (accumulation - 1), and each GPU sends
+(N-1)/N of every all-gather / reduce-scatter buffer (ring). Writes benchmarks/results/network_per_step.json.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from titanloop.train.config import load_config  # noqa: E402
+from titanloop.train.dry_run import fake_mesh  # noqa: E402
+from titanloop.train.memory_plan import measure_step  # noqa: E402
+
+LINK = 400e9 / 8  # bytes/s per GPU
+
+
+def count(world: int, layers: int, n_loops: int, micro_batches: int) -> dict:
+    cfg = load_config(None, ["--model.preset", "ouro-1.4b", "--model.n_layers", str(layers), "--model.n_loops",
+                             str(n_loops), "--loop_sampler.n_loops", str(n_loops), "--training.seq_len", "4096",
+                             "--training.micro_batch_size", "1", "--training.global_batch_size",
+                             str(world * micro_batches), "--training.doc_masking", "false",
+                             "--parallelism.activation_checkpoint", "loop"], world_size=world)
+    with fake_mesh(cfg, world) as mesh:
+        c: Counter = Counter()
+        measure_step(cfg, mesh, torch.bfloat16, micro_batches=micro_batches, comm_bytes=c)
+    r = {k: int(c.get(k, 0)) for k in ("all_gather", "reduce_scatter", "all_reduce")}
+    print(world, layers, n_loops, micro_batches, r, flush=True)
+    return r
+
+
+def main() -> int:
+    base = count(4, 1, 4, 1)
+    runs = {"base (4 ranks, 1 layer, T=4, 1 micro-batch)": base, "2 ranks": count(2, 1, 4, 1),
+            "2 layers": count(4, 2, 4, 1), "T=8": count(4, 1, 8, 1), "2 micro-batches": count(4, 1, 4, 2)}
+    keys = ("all_gather", "reduce_scatter")
+    per_layer = {k: runs["2 layers"][k] - base[k] for k in keys}
+    per_micro = {k: runs["2 micro-batches"][k] - base[k] for k in keys}
+    checks = {"independent of the world size (2 vs 4 ranks)": all(runs["2 ranks"][k] == base[k] for k in keys),
+              "independent of T (4 vs 8 loops)": all(runs["T=8"][k] == base[k] for k in keys)}
+    rows = []
+    for script in sorted((REPO / "slurm").glob("*.sh")):
+        text = script.read_text()
+        if "STAGE_CONFIG=" not in text:
+            continue
+        config = text.split("STAGE_CONFIG=", 1)[1].split()[0]
+        world = int(text.split("#SBATCH --nodes=", 1)[1].split()[0]) * int(text.split("#SBATCH --gres=gpu:", 1)[1].split()[0])
+        cfg = load_config(REPO / config, [], world_size=world)
+        if cfg.parallelism.tp != 1 or cfg.looplm.hidden_size != 2048:
+            continue  # TP stages also move activations: not covered by this extrapolation
+        t = cfg.training
+        accum = t.global_batch_size // (t.micro_batch_size * world)
+        layers = cfg.looplm.n_layers
+        buf = {k: base[k] + per_layer[k] * (layers - 1) + per_micro[k] * (accum - 1) for k in keys}
+        if cfg.objective.name == "stage2_gate":
+            continue  # frozen LM: only the gate's gradients are reduced
+        sent = sum(buf.values()) * (world - 1) / world
+        rows.append([script.name, world, layers, cfg.loop_sampler.n_loops, accum, f"{buf['all_gather'] / 1e9:.2f}",
+                     f"{buf['reduce_scatter'] / 1e9:.2f}", f"{sent / 1e9:.2f}", f"{sent / LINK:.2f}"])
+        print(rows[-1], flush=True)
+    result = {
+        "title": "Network bytes per step per GPU, FSDP stages (`benchmarks/network_per_step.py`)",
+        "order": 62,
+        "command": "python benchmarks/network_per_step.py",
+        "date": datetime.date.today().isoformat(),
+        "machine": "2-core development VM: fake tensors on the fake backend, nothing sent",
+        "summary": [{"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
+                    for name, ok in checks.items()],
+        "tables": [
+            {"title": "Measured buffer bytes per step (all-gather output, reduce-scatter input), Ouro-1.4B layer shape:",
+             "columns": ["run", "all-gather bytes", "reduce-scatter bytes"],
+             "rows": [[name, r["all_gather"], r["reduce_scatter"]] for name, r in runs.items()]},
+            {"title": "Extrapolated to the FSDP-only stage configs at their sbatch size (end of the batch ramp); "
+                      "GB per GPU per step, floor = bytes sent / 400 Gb/s:",
+             "columns": ["script", "GPUs", "layers", "T", "micro-batches", "all-gather GB", "reduce-scatter GB",
+                         "sent per GPU GB", "floor s/step"], "rows": rows}],
+        "notes": ["With reshard_looped = never each parameter is all-gathered once per micro-batch step (bf16) and its "
+                  "gradient reduce-scattered once per step (fp32): the count does not depend on T.",
+                  "Not covered: tensor-parallel stages (stage2/3/4 move activations inside a node over NVLink), "
+                  "the loss all-reduce (a few hundred bytes), overlap of communication with compute."],
+    }
+    (REPO / "benchmarks/results/network_per_step.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
