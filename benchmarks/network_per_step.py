@@ -54,7 +54,9 @@ def main() -> int:
     keys = ("all_gather", "reduce_scatter")
     per_layer = {k: runs["2 layers"][k] - base[k] for k in keys}
     per_micro = {k: runs["2 micro-batches"][k] - base[k] for k in keys}
-    checks = {"independent of the world size (2 vs 4 ranks)": all(runs["2 ranks"][k] == base[k] for k in keys),
+    # FSDP2 pads each shard to a whole number of rows per rank: the buffers differ by that padding across N
+    checks = {"independent of the world size (2 vs 4 ranks, within 0.1%: shard padding)":
+              all(abs(runs["2 ranks"][k] - base[k]) <= 1e-3 * base[k] for k in keys),
               "independent of T (4 vs 8 loops)": all(runs["T=8"][k] == base[k] for k in keys)}
     rows = []
     for script in sorted((REPO / "slurm").glob("*.sh")):
