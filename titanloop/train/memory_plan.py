@@ -140,6 +140,11 @@ def _step(run, engine, batch, n_loops: int, micro_batches: int) -> None:
 def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0,
                 attention: str = "fused") -> MemoryPlan:
     """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
+    from titanloop.config_errors import require
+
+    # the mixed-mesh gradient clipping of TP reads a value (data-dependent): it cannot run on fake tensors yet
+    require(mesh.dims.tp == 1, "parallelism.tp", mesh.dims.tp, "1 for --memory-plan (tensor-parallel plans are "
+            "not supported yet; run the dry run without --memory-plan)")
     from titanloop.train.startup import param_dtype
 
     # Document masking is planned as causal attention (same memory with flash varlen; fake tensors cannot run
