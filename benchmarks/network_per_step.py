@@ -64,7 +64,8 @@ def main() -> int:
         if "STAGE_CONFIG=" not in text:
             continue
         config = text.split("STAGE_CONFIG=", 1)[1].split()[0]
-        world = int(text.split("#SBATCH --nodes=", 1)[1].split()[0]) * int(text.split("#SBATCH --gres=gpu:", 1)[1].split()[0])
+        nodes = int(text.split("#SBATCH --nodes=", 1)[1].split()[0])
+        world = nodes * int(text.split("#SBATCH --gres=gpu:", 1)[1].split()[0])
         cfg = load_config(REPO / config, [], world_size=world)
         if cfg.parallelism.tp != 1 or cfg.looplm.hidden_size != 2048:
             continue  # TP stages also move activations: not covered by this extrapolation
@@ -87,7 +88,8 @@ def main() -> int:
         "summary": [{"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
                     for name, ok in checks.items()],
         "tables": [
-            {"title": "Measured buffer bytes per step (all-gather output, reduce-scatter input), Ouro-1.4B layer shape:",
+            {"title": "Measured buffer bytes per step (all-gather output, reduce-scatter input), Ouro-1.4B layer "
+                      "shape:",
              "columns": ["run", "all-gather bytes", "reduce-scatter bytes"],
              "rows": [[name, r["all_gather"], r["reduce_scatter"]] for name, r in runs.items()]},
             {"title": "Extrapolated to the FSDP-only stage configs at their sbatch size (end of the batch ramp); "

@@ -1,6 +1,6 @@
-"""Meta-device build + per-shard initialization (titanloop.model.init; startup.build_model, engine.init_weights): the gathered full
-weights are bit-identical to a one-process full build from the same seed, at 2 and 4 real gloo ranks and
-under FSDP2, FSDP2 x TP and per-layer activation checkpointing (whose wrappers rename the modules)."""
+"""Meta-device build + per-shard initialization (titanloop.model.init; startup.build_model, engine.init_weights):
+the gathered full weights are bit-identical to a one-process full build from the same seed, at 2 and 4 real gloo
+ranks and under FSDP2, FSDP2 x TP and per-layer activation checkpointing (whose wrappers rename the modules)."""
 
 from __future__ import annotations
 

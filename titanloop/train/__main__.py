@@ -30,7 +30,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m titanloop.train", usage=USAGE, add_help=True)
     parser.add_argument("--config", help="TOML training config (train_configs/*.toml)")
     parser.add_argument("--dry-run", action="store_true", help="start at --world-size ranks on torchtitan's fake "
-                        "backend (one process, meta tensors, no GPU), print the plan and exit (titanloop.train.dry_run)")
+                        "backend (one process, meta tensors, no GPU), print the plan and exit "
+                        "(titanloop.train.dry_run)")
     parser.add_argument("--world-size", type=int, help="ranks of the dry run (e.g. nodes x 8)")
     parser.add_argument("--memory-plan", action="store_true", help="dry run: also print the per-GPU memory plan")
     parser.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory plan: GPU memory (default 80)")

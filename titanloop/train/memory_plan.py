@@ -5,7 +5,8 @@ model is built on the meta device and parallelized exactly as the trainer does (
 turned into FakeTensors (no memory), and one optimizer step of the trainer's own code runs on it under
 torch's FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): forward T loops + the per-loop objective
 (loop.forward_objective) and engine.backward for two micro-batches (so the gradient-accumulation state is
-included), then engine.step (clip + optimizer); twice, so the peak includes the optimizer state. The tracker records every tensor's storage by category (sharded
+included), then engine.step (clip + optimizer); twice, so the peak includes the optimizer state. The tracker
+records every tensor's storage by category (sharded
 and unsharded parameters, gradients, optimizer state, activations, temporaries, collective buffers) and the
 peak over the step. Nothing here is a formula of the model's shape.
 

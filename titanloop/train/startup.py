@@ -32,7 +32,6 @@ from titanloop.checkpoint import Checkpointer, CheckpointConfig, layout
 from titanloop.data import DataConfig, PackedLoader, build_dataloader
 from titanloop.model import LoopLM
 from titanloop.objectives import LoopSampler
-from titanloop.recipe import stages
 from titanloop.train.config import TrainConfig, mesh_degrees
 from titanloop.train.cpu_shim import use_cpu_if_no_gpu
 from titanloop.train.engine import Engine, build_engine
