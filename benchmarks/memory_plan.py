@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from titanloop.train.config import load_config  # noqa: E402
-from titanloop.train.dry_run import fake_mesh  # noqa: E402
+from titanloop.train.dry_run import fake_mesh, slurm_stages  # noqa: E402
 from titanloop.train.memory_plan import GB, plan_memory  # noqa: E402
 
 SHAPES = [("ouro-1.4b", 24), ("ouro-2.6b", 48)]
@@ -103,19 +103,13 @@ def main(argv=None) -> int:
 
         rows = [ast.literal_eval(line) for line in Path(args.rows_from).read_text().splitlines()
                 if line.startswith("['ouro-")]
-    for script in sorted((REPO / "slurm").glob("*.sh")):
-        text = script.read_text()
-        if "STAGE_CONFIG=" not in text:
-            continue
-        config = text.split("STAGE_CONFIG=", 1)[1].split()[0]
-        nodes = int(text.split("#SBATCH --nodes=", 1)[1].split()[0])
-        world = nodes * int(text.split("#SBATCH --gres=gpu:", 1)[1].split()[0])
+    for name, config, world in slurm_stages(REPO):
         cfg = load_config(REPO / config, [], world_size=world)
         if args.quick and cfg.model.preset != "ouro-1.4b":
             continue
         r = extrapolated(measured(str(REPO / config), [], world), cfg.looplm.n_layers)
         t = cfg.training
-        stage_rows.append([script.name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
+        stage_rows.append([name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
                            cfg.loop_sampler.n_loops, t.seq_len, cfg.parallelism.activation_checkpoint,
                            t.micro_batch_size] + [f"{r[k] / GB:.1f}" for k in ROWS] +
                           [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from titanloop.train.config import load_config  # noqa: E402
-from titanloop.train.dry_run import fake_mesh  # noqa: E402
+from titanloop.train.dry_run import fake_mesh, slurm_stages  # noqa: E402
 from titanloop.train.memory_plan import measure_step  # noqa: E402
 
 LINK = 400e9 / 8  # bytes/s per GPU
@@ -59,13 +59,7 @@ def main() -> int:
               all(abs(runs["2 ranks"][k] - base[k]) <= 1e-3 * base[k] for k in keys),
               "independent of T (4 vs 8 loops)": all(runs["T=8"][k] == base[k] for k in keys)}
     rows = []
-    for script in sorted((REPO / "slurm").glob("*.sh")):
-        text = script.read_text()
-        if "STAGE_CONFIG=" not in text:
-            continue
-        config = text.split("STAGE_CONFIG=", 1)[1].split()[0]
-        nodes = int(text.split("#SBATCH --nodes=", 1)[1].split()[0])
-        world = nodes * int(text.split("#SBATCH --gres=gpu:", 1)[1].split()[0])
+    for name, config, world in slurm_stages(REPO):
         cfg = load_config(REPO / config, [], world_size=world)
         if cfg.parallelism.tp != 1 or cfg.looplm.hidden_size != 2048:
             continue  # TP stages also move activations: not covered by this extrapolation
@@ -76,7 +70,7 @@ def main() -> int:
         if cfg.objective.name == "stage2_gate":
             continue  # frozen LM: only the gate's gradients are reduced
         sent = sum(buf.values()) * (world - 1) / world
-        rows.append([script.name, world, layers, cfg.loop_sampler.n_loops, accum, f"{buf['all_gather'] / 1e9:.2f}",
+        rows.append([name, world, layers, cfg.loop_sampler.n_loops, accum, f"{buf['all_gather'] / 1e9:.2f}",
                      f"{buf['reduce_scatter'] / 1e9:.2f}", f"{sent / 1e9:.2f}", f"{sent / LINK:.2f}"])
         print(rows[-1], flush=True)
     result = {

@@ -15,7 +15,7 @@ import pytest
 
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import load_config
-from titanloop.train.dry_run import dry_run
+from titanloop.train.dry_run import dry_run, slurm_stages
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,16 +28,7 @@ def _sbatch_directive(text: str, pattern: str) -> int:
 
 def slurm_launches() -> list[tuple[str, str, int, list[str]]]:
     """(name, config, world size, overrides) of every stage script at its #SBATCH size."""
-    out = []
-    for script in sorted((REPO / "slurm").glob("*.sh")):
-        text = script.read_text()
-        m = re.search(r"^STAGE_CONFIG=(\S+)", text, re.M)
-        if m is None:  # common.sh, launch_node.sh, local_cluster.sh
-            continue
-        nodes = _sbatch_directive(text, r"--nodes=(\d+)")
-        gpus = _sbatch_directive(text, r"--gres=gpu:(\d+)")
-        out.append((script.name, m.group(1), nodes * gpus, []))
-    return out
+    return [(name, config, world, []) for name, config, world in slurm_stages(REPO)]
 
 
 def _commands(markdown: str) -> list[str]:

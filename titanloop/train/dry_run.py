@@ -25,6 +25,24 @@ _SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layer
                "layers.0.mlp.down_proj.weight", "lm_head.weight")
 
 
+def slurm_stages(repo: Path) -> list[tuple[str, str, int]]:
+    """(script name, stage config, world size) of every slurm/*.sh stage script, at its `#SBATCH --nodes` x
+    `--gres=gpu:N` (the size it asks for)."""
+    import re
+
+    out = []
+    for script in sorted((Path(repo) / "slurm").glob("*.sh")):
+        text = script.read_text()
+        config = re.search(r"^STAGE_CONFIG=(\S+)", text, re.M)
+        if config is None:  # common.sh, launch_node.sh, local_cluster.sh
+            continue
+        nodes = re.search(r"^#SBATCH --nodes=(\d+)", text, re.M)
+        gpus = re.search(r"^#SBATCH --gres=gpu:(\d+)", text, re.M)
+        require(nodes is not None and gpus is not None, str(script), "?", "#SBATCH --nodes=N and --gres=gpu:G lines")
+        out.append((script.name, config.group(1), int(nodes.group(1)) * int(gpus.group(1))))
+    return out
+
+
 @contextmanager
 def fake_mesh(cfg: TrainConfig, world_size: int, rank: int = 0):
     """The trainer's init_mesh on torchtitan's fake backend (comm.mode="fake_backend"): this process is `rank` of
