@@ -38,6 +38,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("off", "online", "offline")
 AC_MODES = ("none", "layer", "loop")
 RESHARD_LOOPED = ("never", "always")
+ENGINES = ("fsdp2", "deepspeed")
 
 
 @dataclass
@@ -130,6 +131,9 @@ class TrainingSection:
 
 @dataclass
 class ParallelismSection:
+    engine: str = "fsdp2"  # fsdp2 | deepspeed (ZeRO; docs/engines.md)
+    zero_stage: int = 2  # deepspeed engine: 2 (optimizer + gradients partitioned) | 3 (also parameters)
+    zero_offload: str = "none"  # deepspeed engine: none | optimizer | optimizer+params (stage 3) to CPU memory
     dp_shard: int = -1  # FSDP2 degree; -1 = world_size / tp
     tp: int = 1  # tensor-parallel degree (second mesh dimension)
     sequence_parallel: bool = True  # shard norms/residual stream over the sequence under TP
@@ -144,6 +148,13 @@ class ParallelismSection:
         require(self.tp >= 1, "parallelism.tp", self.tp, "an integer >= 1")
         require_choice(self.reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
         require_choice(self.activation_checkpoint, "parallelism.activation_checkpoint", AC_MODES)
+        require_choice(self.engine, "parallelism.engine", ENGINES)
+        if self.engine == "deepspeed":
+            from titanloop.train.engine_deepspeed import check_zero_settings
+
+            check_zero_settings(self.zero_stage, self.zero_offload)
+            require(not self.compile, "parallelism.compile", self.compile,
+                    "false with parallelism.engine='deepspeed' (compile is supported with engine='fsdp2' only)")
 
 
 @dataclass
@@ -365,6 +376,9 @@ def mesh_degrees(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
 def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     """Cross-section checks that need the world size: mesh, TP vs heads, batch divisibility, loops."""
     dp, tp = mesh_degrees(cfg, world_size)
+    require(not (tp > 1 and cfg.parallelism.engine == "deepspeed"), "parallelism.tp", tp,
+            "1 with parallelism.engine='deepspeed' (ZeRO is data-parallel only; use engine='fsdp2' for tensor "
+            "parallelism)")
     m = cfg.looplm
     require(m.n_heads % tp == 0 and m.kv_heads % tp == 0, "parallelism.tp", tp,
             f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}")
