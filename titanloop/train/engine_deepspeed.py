@@ -189,6 +189,27 @@ class DeepSpeedEngine:
             self.zero_optimizer._lazy_init_hp_params_optimizer_state()
 
 
+def _set_full_fp32(engine: "DeepSpeedEngine", param: nn.Parameter, value: torch.Tensor, key: str | None = None):
+    """Write this rank's slice of a full fp32 value into the parameter's master copy (key None) or into its
+    optimizer state `key`. ZeRO-3 goes through the partition directly: DeepSpeed 0.19.8's set_full_hp_param
+    slices past the end of a padded last partition (parameters with fewer elements than ranks)."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    value = value.detach().to(torch.float32)
+    if engine.zero_stage != 3:
+        if key is None:
+            safe_set_full_fp32_param(param, value)
+        else:
+            safe_set_full_optimizer_state(param, value, key)
+        return
+    opt = engine.zero_optimizer
+    part, _ = opt._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
+    n, rank = part.numel(), opt._get_param_partition_rank(param)
+    chunk = value.flatten()[n * rank:n * (rank + 1)]
+    part.data.zero_()
+    part.data[:chunk.numel()].copy_(chunk.to(part.device))
+
+
 def _full_fp32(param: nn.Parameter, key: str | None = None) -> torch.Tensor | None:
     """The full fp32 value of a parameter (key None) or of its optimizer state `key` (collective)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -222,7 +243,6 @@ class DeepSpeedModelState:
 
     def load_state_dict(self, sd: dict) -> None:
         import deepspeed
-        from deepspeed.utils import safe_set_full_fp32_param
 
         names = self._names()
         missing = sorted(set(names) - set(sd))
@@ -236,7 +256,7 @@ class DeepSpeedModelState:
         self.engine.zero_optimizer.refresh_fp32_params()  # the fp32 partitions from the (just set) weights
         for name, p in self.engine.named_parameters():
             if p.requires_grad:  # exact fp32 masters also when the model runs in bf16
-                safe_set_full_fp32_param(p, sd[name].to(torch.float32))
+                _set_full_fp32(self.engine, p, sd[name])
 
 
 class DeepSpeedOptimizerState:
@@ -264,8 +284,6 @@ class DeepSpeedOptimizerState:
         return out
 
     def load_state_dict(self, sd: dict) -> None:
-        from deepspeed.utils import safe_set_full_optimizer_state
-
         e = self.engine
         e.materialize_optimizer_state()
         trainable = self._trainable()
@@ -274,7 +292,7 @@ class DeepSpeedOptimizerState:
                 if f"state.{name}.{key}" not in sd:
                     raise ConfigError(f"checkpoint optimizer state lacks {f'state.{name}.{key}'!r}: it was saved "
                                       "by another optimizer or model")
-                safe_set_full_optimizer_state(p, sd[f"state.{name}.{key}"].to(torch.float32), key)
+                _set_full_fp32(e, p, sd[f"state.{name}.{key}"], key)
         first = trainable[0][0]
         step = sd[f"state.{first}.step"]
         for f in e._flat_partitions():
