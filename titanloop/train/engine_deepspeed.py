@@ -3,11 +3,12 @@
 `parallelism.engine = "deepspeed"` swaps how parameters, gradients and optimizer state are sharded; the
 trainer, objectives, loop sampler, data loader, LR/stage schedules, metrics and checkpoints stay the same.
 
-    engine = DeepSpeedEngine(model, cfg, optimizer)   # after torch.distributed is initialized (torchrun)
+    engine = DeepSpeedEngine(model, optimizer, zero_stage=3, ...)  # after torch.distributed is initialized
+    engine.lr_schedulers = StagedLRSchedulers...([engine.optimizer])   # titanloop's schedule on the client AdamW
     loss, stats = engine.forward(fn, *args)           # fn(model, *args): forward + objective of one micro-batch
     engine.backward(loss * scale, last_micro_batch=i == accum - 1)
-    grad_norm = engine.step(max_norm)                 # clip + optimizer step (the trainer steps the LR schedule)
-    engine.checkpoint_states()                        # {"model": ..., "optimizer": ...} for titanloop.checkpoint
+    grad_norm = engine.step(max_norm)                 # clip + optimizer step + LR step
+    engine.checkpoint_states()                        # {"model", "optimizer", "lr_scheduler"} for titanloop.checkpoint
 
 How titanloop drives `deepspeed.initialize` (DeepSpeed 0.19.8, launched by torchrun, never the deepspeed
 launcher; the process group already exists):
@@ -114,6 +115,7 @@ class DeepSpeedEngine:
         self.optimizer = optimizer  # the client torch optimizer: the LR schedule writes its param groups
         if zero_stage == 3:
             deepspeed.zero.register_external_parameter(self.wrapper, model.lm_head.weight)
+        self.lr_schedulers = None  # StagedLRSchedulers over [self.optimizer], set by the builder
         self._pending_grads = False
 
     # ----- one optimizer step ---------------------------------------------------------------------
@@ -132,8 +134,13 @@ class DeepSpeedEngine:
         self.zero_optimizer.clip_grad = 0.0 if max_norm == float("inf") else float(max_norm)
         self.ds.step()
         self._pending_grads = False
+        self.lr_schedulers.step()
         norm = self.ds.get_global_grad_norm()
         return torch.as_tensor(float(norm) if norm is not None else float("nan"))
+
+    def lr(self) -> float:
+        """The learning rate the coming optimizer step uses."""
+        return self.lr_schedulers.schedulers[0].get_last_lr()[0]
 
     def zero_grad(self) -> None:
         """Drop this step's gradients, including those ZeRO already reduced into the partitions (used when a
@@ -158,7 +165,8 @@ class DeepSpeedEngine:
 
     # ----- checkpoints ----------------------------------------------------------------------------
     def checkpoint_states(self) -> dict:
-        return {"model": DeepSpeedModelState(self), "optimizer": DeepSpeedOptimizerState(self)}
+        return {"model": DeepSpeedModelState(self), "optimizer": DeepSpeedOptimizerState(self),
+                "lr_scheduler": self.lr_schedulers}
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The LoopLM's parameters by FQN (tied ones once, under their first name)."""
