@@ -53,14 +53,14 @@ def read_zero_fp32_state(ds_dir, tag: str | None = None) -> dict[str, torch.Tens
     """The consolidated fp32 weights {name: tensor} of a DeepSpeed ZeRO checkpoint (pickle-free read)."""
     from unittest import mock
 
-    from deepspeed.utils import zero_to_fp32
-
     path = Path(ds_dir)
     if tag is None and not (path / "latest").is_file() and any(path.glob("*_model_states.pt")):
         path, tag = path.parent, path.name  # a tag folder was given
     if tag is None and not (path / "latest").is_file():
         raise ConfigError(f"deepspeed checkpoint {str(ds_dir)!r} has no `latest` file and no *_model_states.pt: "
                           "pass the folder given to save_checkpoint, or one of its tag folders")
+    from deepspeed.utils import zero_to_fp32
+
     try:
         with mock.patch.object(zero_to_fp32, "torch", _SafeTorch()), torch.serialization.safe_globals(
                 _allowed_globals()):
