@@ -1,0 +1,79 @@
+"""DeepSpeed ZeRO-2/3 vs FSDP2: per-step loss and gradient norm over 20 steps of train_configs/debug.toml on 2 CPU
+ranks (gloo), and FSDP2 on 1 rank vs 2 ranks as the yardstick of pure rounding-order drift.
+
+    python benchmarks/engine_parity.py --out benchmarks/results/engine_parity.json
+
+Each run is a real `torchrun -m titanloop.train` launch; the numbers are rank 0's metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 20
+RUNS = {"fsdp2 2 ranks": (2, []), "fsdp2 1 rank": (1, []),
+        "zero2 2 ranks": (2, ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "2"]),
+        "zero3 2 ranks": (2, ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"])}
+
+
+def run(nproc: int, run_dir: Path, extra: list[str]) -> dict[int, dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+           "titanloop.train", "--config", "train_configs/debug.toml", "--training.steps", str(STEPS),
+           "--metrics.log_freq", "1", "--training.run_dir", str(run_dir), *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=900)
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="benchmarks/results/engine_parity.json")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = {name: run(n, Path(tmp) / name.replace(" ", "_"), extra) for name, (n, extra) in RUNS.items()}
+    ref = metrics["fsdp2 2 ranks"]
+    others = [name for name in RUNS if name != "fsdp2 2 ranks"]
+    rows = [[s] + [f"{rel(metrics[o][s][k], ref[s][k]):.1e}" for o in others for k in ("loss", "grad_norm")]
+            for s in range(1, STEPS + 1)]
+    summary = []
+    for o in others:
+        for lo, hi in ((1, 10), (11, STEPS)):
+            for k in ("loss", "grad_norm"):
+                worst = max(rel(metrics[o][s][k], ref[s][k]) for s in range(lo, hi + 1))
+                summary.append({"row": f"{o} vs fsdp2 2 ranks: max rel. {k} difference, steps {lo}-{hi}",
+                                "measured": float(f"{worst:.2e}"), "target": None, "met": None})
+    result = {
+        "title": "Engines: DeepSpeed ZeRO-2/3 vs FSDP2 (loss and grad-norm parity)",
+        "order": 65,
+        "command": "python benchmarks/engine_parity.py --out benchmarks/results/engine_parity.json",
+        "date": datetime.date.today().isoformat(),
+        "machine": "2-core VM, CPU only, shared (gloo)",
+        "summary": summary,
+        "tables": [{"title": "relative difference to FSDP2 on 2 ranks, per step (train_configs/debug.toml)",
+                    "columns": ["step"] + [f"{o} {k}" for o in others for k in ("loss", "grad norm")],
+                    "rows": rows}],
+        "notes": ["Same fp32 math on both engines; they differ in rounding only (the clipping norm is summed per "
+                  "flat ZeRO partition vs per parameter). At lr 1e-2 such differences grow step by step; "
+                  "FSDP2 on 1 rank vs 2 ranks (another reduction order, nothing else) drifts the same way, "
+                  "which is the yardstick for the tolerance of tests/test_engine_deepspeed.py."],
+        "result": {name: {s: {"loss": m[s]["loss"], "grad_norm": m[s]["grad_norm"]} for s in m}
+                   for name, m in metrics.items()},
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
