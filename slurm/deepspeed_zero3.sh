@@ -18,5 +18,6 @@
 STAGE=deepspeed_zero3
 STAGE_CONFIG=train_configs/stage1b_1p4b.toml
 # engine settings first: overrides given to sbatch come after them and win
-set -- --parallelism.engine deepspeed --parallelism.zero_stage 3 --parallelism.zero_offload optimizer "$@"
+set -- --parallelism.engine deepspeed --parallelism.zero_stage 3 --parallelism.zero_offload optimizer \
+  --parallelism.compile false "$@"
 source "${TITANLOOP_REPO:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh"

@@ -379,6 +379,10 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     require(not (tp > 1 and cfg.parallelism.engine == "deepspeed"), "parallelism.tp", tp,
             "1 with parallelism.engine='deepspeed' (ZeRO is data-parallel only; use engine='fsdp2' for tensor "
             "parallelism)")
+    require(not (cfg.parallelism.engine == "deepspeed" and cfg.parallelism.zero_stage == 3
+                 and cfg.objective.jsrr_weight > 0), "objective.jsrr_weight", cfg.objective.jsrr_weight,
+            "0 with ZeRO-3 (its parameter gathering has no forward-mode AD for JSRR's Jacobian-vector products; "
+            "use parallelism.zero_stage=2 or engine='fsdp2')")
     m = cfg.looplm
     require(m.n_heads % tp == 0 and m.kv_heads % tp == 0, "parallelism.tp", tp,
             f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}")
