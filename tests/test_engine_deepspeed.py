@@ -8,12 +8,14 @@ rank, checkpoints every 10 steps):
     preempted  zero3 with W&B offline, SIGUSR1 to the workers mid-run (exit 75), then resumed to step 20
     crossed    fsdp2 resumed from zero3's step-10 checkpoint (and the checkpoint keys compared)
 
-Parity tolerance. Both engines run the same fp32 math; they differ in rounding only: DeepSpeed sums squared
-gradients per flat partition for the clipping norm, FSDP2 per parameter, and both clip with that norm. At
-debug.toml's lr 1e-2 such 1e-7 differences grow step by step: measured (docs/engines.md) the two engines
-agree to ~1e-6 (loss) / ~1e-4 (grad norm) over the first 10 steps and drift to ~2e-3 / ~5e-2 by step 20 -
-the same drift FSDP2 shows against itself on 1 rank instead of 2. The bounds below are those envelopes
-with a margin; a real bug (a missed gradient, a wrong LR, an unskipped NaN step) is off by orders more.
+Parity tolerance. Both engines run the same fp32 math and are bitwise equal at step 1. From the first update on
+they differ at rounding level (ZeRO sums the clipping norm per flat partition, averages gradients in another
+order, steps AdamW on flat partitions), and at debug.toml's lr 1e-2 such differences grow step by step:
+measured (benchmarks/results/engine_parity.json) <= 1.3e-5 (loss) and <= 2.4e-4 (grad norm)
+through step 10; afterwards the loss stays within ~1e-2 while single grad norms spike apart (up to 2x at one step),
+their mean over steps 11-20 within ~12%. The bounds: per step through step 10 (LOSS_1_10, NORM_1_10), then the
+loss per step (LOSS_11_20) and the means over steps 11-20 (MEAN_LOSS, MEAN_NORM), each with a margin of >= 2x.
+A missed gradient, a wrong LR or an applied NaN step is off by orders of magnitude at step 2 already.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ COMMON = ["--training.steps", str(STEPS), "--metrics.log_freq", "1", "--training
           "--checkpoint.enable", "true", "--checkpoint.interval", "10"]
 ZERO = {2: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "2"],
         3: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"]}
-# (last step, loss rel. tolerance, grad-norm rel. tolerance): see the module docstring
-TOLERANCES = [(10, 1e-5, 1e-3), (STEPS, 2e-2, 0.25)]
+# relative tolerances, see the module docstring
+LOSS_1_10, NORM_1_10, LOSS_11_20, MEAN_LOSS, MEAN_NORM = 1e-4, 2e-3, 3e-2, 1e-2, 0.3
 
 
 def cmd(run_dir: Path, *extra: str) -> list[str]:
@@ -101,16 +103,25 @@ def rel(a: float, b: float) -> float:
 
 
 def assert_parity(got: dict, ref: dict, steps) -> list[str]:
-    rows = []
+    rows, late = [], []
     for step in steps:
         if step == NAN_STEP:
             assert step not in got and step not in ref  # skipped by both engines
             continue
-        bound = next((loss_tol, norm_tol) for last, loss_tol, norm_tol in TOLERANCES if step <= last)
         dl, dg = rel(got[step]["loss"], ref[step]["loss"]), rel(got[step]["grad_norm"], ref[step]["grad_norm"])
         rows.append(f"{step}: loss {dl:.1e} grad_norm {dg:.1e}")
-        assert dl <= bound[0] and dg <= bound[1], f"step {step}: {rows[-1]} > {bound}"
         assert got[step]["lr"] == ref[step]["lr"] and got[step]["skipped_steps"] == ref[step]["skipped_steps"]
+        if step <= 10:
+            assert dl <= LOSS_1_10 and dg <= NORM_1_10, f"step {step}: {rows[-1]}"
+        else:
+            assert dl <= LOSS_11_20, f"step {step}: {rows[-1]}"
+            late.append(step)
+    if late:
+        def mean(d, k):
+            return sum(d[s][k] for s in late) / len(late)
+        ml, mg = rel(mean(got, "loss"), mean(ref, "loss")), rel(mean(got, "grad_norm"), mean(ref, "grad_norm"))
+        rows.append(f"means over steps {late[0]}-{late[-1]}: loss {ml:.1e} grad_norm {mg:.1e}")
+        assert ml <= MEAN_LOSS and mg <= MEAN_NORM, rows[-1]
     return rows
 
 
