@@ -166,7 +166,7 @@ def test_wandb_run_id_survives_the_preemption(runs):
 
 
 def test_checkpoints_have_the_same_layout_and_cross_engines(runs):
-    root, out = runs
+    root, _ = runs
     ds = checkpoint_tensors(root / "zero3" / "checkpoints" / "step-00000010")
     fsdp = checkpoint_tensors(root / "fsdp2" / "checkpoints" / "step-00000010")
     assert ds.keys() == fsdp.keys()  # model, optimizer (torchtitan's flat FQN format), RNG: one layout

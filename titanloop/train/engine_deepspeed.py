@@ -157,7 +157,7 @@ class DeepSpeedEngine:
             if opt.cpu_offload:
                 opt.reset_cpu_buffers()
             else:
-                for k in opt.averaged_gradients.keys():
+                for k in list(opt.averaged_gradients):
                     opt.averaged_gradients[k] = None
                     opt.all_grad_tensors[k] = None
         self.ds._unmanaged_backward_count = 0
