@@ -3,7 +3,7 @@
 Launches shared by all tests (train_configs/debug.toml, 20 steps, a NaN loss injected at step 7 on the last
 rank, checkpoints every 10 steps):
     fsdp2      the reference
-    zero2      --parallelism.engine deepspeed --parallelism.zero_stage 2
+    zero2      --parallelism.engine deepspeed --parallelism.zero_stage 2 --parallelism.zero_offload optimizer
     zero3      --parallelism.engine deepspeed --parallelism.zero_stage 3   (also the bitwise reference)
     preempted  zero3 with W&B offline, SIGUSR1 to the workers mid-run (exit 75), then resumed to step 20
     crossed    fsdp2 resumed from zero3's step-10 checkpoint (and the checkpoint keys compared)
@@ -36,7 +36,8 @@ pytestmark = pytest.mark.slow
 STEPS, NAN_STEP = 20, 7
 COMMON = ["--training.steps", str(STEPS), "--metrics.log_freq", "1", "--training.inject_nan_steps", f"[{NAN_STEP}]",
           "--checkpoint.enable", "true", "--checkpoint.interval", "10"]
-ZERO = {2: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "2"],
+ZERO = {2: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "2", "--parallelism.zero_offload",
+            "optimizer"],
         3: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"]}
 # relative tolerances, see the module docstring
 LOSS_1_10, NORM_1_10, LOSS_11_20, MEAN_LOSS, MEAN_NORM = 1e-4, 2e-3, 3e-2, 1e-2, 0.3

@@ -183,7 +183,7 @@ class DeepSpeedEngine:
         inner, flats = self.optimizer, self._flat_partitions()
         if all(f in inner.state for f in flats):
             return
-        groups = inner.param_groups
+        groups, grads = inner.param_groups, [f.grad for f in flats]  # (offload keeps persistent grad buffers)
         inner.param_groups = [{**groups[0], "params": flats, "lr": 0.0}]
         try:
             for f in flats:
@@ -191,8 +191,8 @@ class DeepSpeedEngine:
             inner.step()
         finally:
             inner.param_groups = groups
-            for f in flats:
-                f.grad = None
+            for f, g in zip(flats, grads):
+                f.grad = g
         if self.zero_stage == 2:
             self.zero_optimizer._lazy_init_hp_params_optimizer_state()
 
