@@ -21,6 +21,7 @@ A missed gradient, a wrong LR or an applied NaN step is off by orders of magnitu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -144,7 +145,9 @@ def test_preempted_zero3_resumes_bitwise(runs):
     keys = ("loss", "grad_norm", "lr", "ce", "exit_prob", "hidden_rms", "gate_entropy", "skipped_steps")
     # each step logged once: the second launch resumed from the preemption checkpoint, it did not restart
     assert [r["step"] for r in got] == sorted(expected)
-    assert "step    14 |" not in out["preempted"] and "step    14 |" in out["resumed"]
+    stop = int(re.search(r"preempt\w* at step (\d+)", out["preempted"]).group(1))
+    assert f"step {stop + 1:5d} |" not in out["preempted"] and f"step {stop + 1:5d} |" in out["resumed"]
+    assert f"step {stop:5d} |" not in out["resumed"]
     for r in got:  # steps logged before the signal and after the resume both equal the uninterrupted run
         assert {k: r[k] for k in keys} == {k: expected[r["step"]][k] for k in keys}, r["step"]
     a = checkpoint_tensors(pre / "checkpoints" / "step-00000020")
