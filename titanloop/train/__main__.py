@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_summary(run) -> None:
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
+    p = cfg.parallelism
+    engine = "fsdp2" if p.engine == "fsdp2" else f"deepspeed ZeRO-{p.zero_stage} offload {p.zero_offload}"
     if mesh.rank == 0:
         print(f"[titanloop] LoopLM {cfg.model.preset}: {run.n_params:,} parameters | world {mesh.world_size} "
-              f"= dp {mesh.dp_world} x tp {mesh.dims.tp} | {run.param_dtype} params on {mesh.device_type} | "
+              f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
               f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
               f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
               f"{cfg.loop_sampler.kind}", flush=True)

@@ -1,6 +1,8 @@
 """The engine seam: what the training loop needs from whatever holds the model, its gradients and optimizer.
 
     engine.model                              the module to call (parallelized: FSDP2/TP/AC/compile here)
+    engine.forward(fn) -> fn(engine.model)    one micro-batch's forward and objective, run where the engine
+                                              needs it (ZeRO-3 gathers the LM head the objective reads)
     engine.zero_grad()                        drop gradients (start of a step, or a skipped step)
     engine.backward(loss, last_micro_batch)   backward of one micro-batch's loss, already divided by the number
                                               of micro-batches; gradients are synchronized over data-parallel
@@ -14,12 +16,13 @@
 `FSDP2Engine` is the implementation: FSDP2 over the data-parallel mesh, tensor/sequence parallelism,
 activation checkpointing and per-layer compile (titanloop.parallel), torchtitan's optimizer and LR-scheduler
 containers. Another engine (e.g. DeepSpeed) implements the same six members and is chosen in
-`build_engine`; the loop (titanloop.train.loop) does not change.
+`build_engine`; the loop (titanloop.train.loop) does not change. `DeepSpeedEngine`
+(titanloop.train.engine_deepspeed, `parallelism.engine = "deepspeed"`, docs/engines.md) is the second one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -36,6 +39,8 @@ from titanloop.train.config import TrainConfig
 
 class Engine(Protocol):
     model: nn.Module
+
+    def forward(self, fn: Callable[[nn.Module], Any]) -> Any: ...
 
     def zero_grad(self) -> None: ...
 
@@ -54,6 +59,9 @@ class FSDP2Engine:
         self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
         self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
         self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
+
+    def forward(self, fn: Callable[[nn.Module], Any]) -> Any:
+        return fn(self.model)
 
     def zero_grad(self) -> None:
         self.optimizers.zero_grad()
@@ -110,11 +118,16 @@ def init_weights(cfg: TrainConfig, model: nn.Module, device, stage_init: bool) -
         stages.load_stage_weights(model, cfg.stage, stages.previous_stage_state(cfg.stage, model))
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module, tp: int) -> OptimizersContainer:
+def optimizer_kwargs(cfg: TrainConfig) -> dict:
+    """The AdamW hyper-parameters (both engines)."""
     o = cfg.optimizer
-    kwargs = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
+    return {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, tp: int) -> OptimizersContainer:
     config = OptimizersContainer.Config(
-        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=o.name, optimizer_kwargs=kwargs)],
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=cfg.optimizer.name,
+                                       optimizer_kwargs=optimizer_kwargs(cfg))],
         # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
         implementation="for-loop" if tp > 1 else "foreach")
     return config.build(model_parts=[model])
@@ -131,6 +144,10 @@ def build_lr_schedulers(cfg: TrainConfig, optimizers: OptimizersContainer) -> St
 def build_engine(cfg: TrainConfig, model: nn.Module, mesh, param_dtype: torch.dtype, stage_init: bool) -> Engine:
     """Parallelize the (meta) model, materialize its shards, build its optimizer and LR schedule; a new stage
     may start from the previous stage's weights and optimizer state (titanloop.recipe.stages)."""
+    if cfg.parallelism.engine == "deepspeed":
+        from titanloop.train.engine_deepspeed import build_deepspeed_engine
+
+        return build_deepspeed_engine(cfg, model, mesh.device, param_dtype, stage_init)
     model = parallelize(cfg, model, mesh, param_dtype)
     init_weights(cfg, model, mesh.device, stage_init)
     optimizers = build_optimizer(cfg, model, mesh.dims.tp)

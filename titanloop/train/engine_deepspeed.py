@@ -143,25 +143,23 @@ class DeepSpeedEngine:
         return self.lr_schedulers.schedulers[0].get_last_lr()[0]
 
     def zero_grad(self) -> None:
-        """Drop this step's gradients, including those ZeRO already reduced into the partitions (used when a
-        step is skipped for a non-finite loss; DeepSpeed's own fp16-overflow path does the same)."""
+        """Drop this step's gradients, including those ZeRO already reduced into the partitions (a step skipped
+        for a non-finite loss). ZeRO-2 takes its own overflow path: the gradients of a non-finite loss are
+        non-finite, so its step() applies no update and clears every buffer (also the CPU-offload ones).
+        ZeRO-3 checks overflow in fp16 only: its overflow clean-up is called directly."""
         opt = self.zero_optimizer
         if not self._pending_grads:
             opt.zero_grad(set_to_none=True)
             return
-        if self.zero_stage == 3:
-            opt._overflow_clean_up(opt.loss_scale)
-        else:
-            opt.zero_grad(set_to_none=True)
-            opt._release_preflattened_grad_buffers()
-            if opt.cpu_offload:
-                opt.reset_cpu_buffers()
-            else:
-                for k in list(opt.averaged_gradients):
-                    opt.averaged_gradients[k] = None
-                    opt.all_grad_tensors[k] = None
-        self.ds._unmanaged_backward_count = 0
         self._pending_grads = False
+        if self.zero_stage == 2:
+            self.ds.step()
+            if self.ds.was_step_applied():
+                raise RuntimeError("ZeRO-2 applied a step whose loss was non-finite (its gradients were finite): "
+                                   "stop and resume from the last checkpoint")
+            return
+        opt._overflow_clean_up(opt.loss_scale)
+        self.ds._unmanaged_backward_count = 0
 
     # ----- checkpoints ----------------------------------------------------------------------------
     def checkpoint_states(self) -> dict:
@@ -310,3 +308,25 @@ class DeepSpeedOptimizerState:
                 if k not in ("params", "param_names") and f"param_groups.{first}.{k}" in sd:
                     v = sd[f"param_groups.{first}.{k}"]
                     group[k] = tuple(v) if isinstance(group[k], tuple) else v
+
+
+def build_deepspeed_engine(cfg, model: nn.Module, device, param_dtype: torch.dtype, stage_init: bool):
+    """The DeepSpeed counterpart of titanloop.train.engine.build_engine: activation checkpointing, the same
+    AdamW and LR schedule as FSDP2, deepspeed.initialize; a new stage may start from the previous stage's
+    optimizer state."""
+    from titanloop.parallel.activation_checkpoint import apply_activation_checkpointing
+    from titanloop.recipe import stages
+    from titanloop.train.engine import build_lr_schedulers, init_weights, optimizer_kwargs
+
+    p = cfg.parallelism
+    apply_activation_checkpointing(model, p.activation_checkpoint)
+    init_weights(cfg, model, device, stage_init)  # the full (unsharded) model from the seed, as FSDP2's shards
+    model.train()
+    optimizer = getattr(torch.optim, cfg.optimizer.name)(model.parameters(), **optimizer_kwargs(cfg), foreach=True)
+    engine = DeepSpeedEngine(model, optimizer, zero_stage=p.zero_stage, offload=p.zero_offload,
+                             micro_batch_size=cfg.training.micro_batch_size, max_norm=cfg.training.max_norm,
+                             bf16=param_dtype == torch.bfloat16)
+    engine.lr_schedulers = build_lr_schedulers(cfg, [optimizer])
+    if stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):
+        stages.load_previous_stage_optimizer(cfg.stage, DeepSpeedOptimizerState(engine), engine.lr_schedulers)
+    return engine

@@ -92,23 +92,27 @@ def nonfinite_grads(model) -> list[str]:
 def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor, dict]:
     """One micro-batch (a dict of CPU tensors from titanloop.data): forward T loops, then the objective on the
     full sequence (gathered from the tp ranks under sequence parallelism). Returns (loss, statistics)."""
-    cfg, mesh, model = run.cfg, run.mesh, run.engine.model
+    cfg, mesh = run.cfg, run.mesh
     input_ids = batch["input_ids"].to(mesh.device)
     labels = batch["labels"].to(mesh.device)
     doc_ids = batch["doc_ids"].to(mesh.device) if cfg.training.doc_masking else None
     run.state.ntokens_seen += labels.numel() * mesh.dp_world  # global: the same count at any world size
-    out = model(input_ids, n_loops, doc_ids=doc_ids)
-    readouts = [gather_sequence(r, mesh.sp_mesh) for r in out.readouts]
-    states = [gather_sequence(s, mesh.sp_mesh) for s in out.states]
-    gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)
-    jsrr_map = jsrr_state = probes = None
-    if cfg.objective.jsrr_weight > 0:
-        jsrr_map, jsrr_state = jsrr_target(model, out, input_ids, doc_ids, n_loops)
-        # one direction per sample, from (seed, global sample index): each rank probes its own samples, and a
-        # resumed run (any world size) draws the same directions
-        probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
-    loss, stats = loop_objective(cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map,
-                                 jsrr_state, probes)
+
+    def forward_and_objective(model):
+        out = model(input_ids, n_loops, doc_ids=doc_ids)
+        readouts = [gather_sequence(r, mesh.sp_mesh) for r in out.readouts]
+        states = [gather_sequence(s, mesh.sp_mesh) for s in out.states]
+        gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)
+        jsrr_map = jsrr_state = probes = None
+        if cfg.objective.jsrr_weight > 0:
+            jsrr_map, jsrr_state = jsrr_target(model, out, input_ids, doc_ids, n_loops)
+            # one direction per sample, from (seed, global sample index): each rank probes its own samples, and a
+            # resumed run (any world size) draws the same directions
+            probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
+        return loop_objective(cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map,
+                              jsrr_state, probes)
+
+    loss, stats = run.engine.forward(forward_and_objective)
     if run.state.step in cfg.training.inject_nan_steps and mesh.rank == mesh.world_size - 1:
         loss = loss * float("nan")  # testing aid: a non-finite loss on the last rank only
     return loss, stats
