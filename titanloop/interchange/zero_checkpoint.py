@@ -37,8 +37,8 @@ class _SafeTorch:
 
     @staticmethod
     def load(f, *args, **kwargs):
-        kwargs["weights_only"] = True
-        return torch.load(f, *args, **kwargs)
+        kwargs.pop("weights_only", None)  # DeepSpeed passes weights_only=False
+        return torch.load(f, *args, weights_only=True, **kwargs)
 
 
 def _allowed_globals() -> list:
