@@ -116,6 +116,7 @@ class DeepSpeedEngine:
         if zero_stage == 3:
             deepspeed.zero.register_external_parameter(self.wrapper, model.lm_head.weight)
         self.lr_schedulers = None  # StagedLRSchedulers over [self.optimizer], set by the builder
+        self.nonfinite_grads: list[str] = []  # (the loop's per-gradient report: not available under ZeRO)
         self._pending_grads = False
 
     # ----- one optimizer step ---------------------------------------------------------------------
@@ -134,9 +135,13 @@ class DeepSpeedEngine:
         self.zero_optimizer.clip_grad = 0.0 if max_norm == float("inf") else float(max_norm)
         self.ds.step()
         self._pending_grads = False
-        self.lr_schedulers.step()
         norm = self.ds.get_global_grad_norm()
-        return torch.as_tensor(float(norm) if norm is not None else float("nan"))
+        norm = torch.as_tensor(float(norm) if norm is not None else float("nan"))
+        # ZeRO-2 skips the update itself on a non-finite norm (its overflow path); then the LR does not move
+        # either, as on the FSDP path. Which gradients went bad is not tracked per parameter under ZeRO.
+        if torch.isfinite(norm) or self.zero_stage == 3:
+            self.lr_schedulers.step()
+        return norm
 
     def lr(self) -> float:
         """The learning rate the coming optimizer step uses."""
