@@ -66,7 +66,7 @@ def test_gathered_init_is_identical_at_1_2_4_ranks(tmp_path):
     files = sorted(tmp_path.glob("w*.pt"))
     assert len(files) == 3
     for f in files:
-        state = torch.load(f)
+        state = torch.load(f, weights_only=True)
         assert sorted(state) == sorted(reference), f.name
         for key, value in reference.items():
             assert torch.equal(state[key], value), f"{f.name}: {key} differs"

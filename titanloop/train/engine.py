@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
 from torchtitan.distributed import utils as dist_utils
 
@@ -84,7 +85,9 @@ class FSDP2Engine:
         else:
             grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=True)
         self.nonfinite_grads = []
-        if torch.isfinite(grad_norm):  # the norm is reduced over all ranks: every rank takes the same branch
+        # The norm is reduced over all ranks: every rank takes the same branch. On fake tensors (the dry run's
+        # memory plan) the value is unknown and the step is planned as a finite one.
+        if is_fake(grad_norm) or torch.isfinite(grad_norm):
             self.optimizers.step()
             self.lr_schedulers.step()
         elif per_grad:
