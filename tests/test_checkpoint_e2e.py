@@ -62,8 +62,9 @@ class Run:
         progress = self.run_dir / "progress"
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if progress.exists() and progress.read_text().strip().isdigit() and int(progress.read_text()) >= step:
-                return int(progress.read_text())
+            text = progress.read_text().strip() if progress.exists() else ""  # read once: the driver rewrites it
+            if text.isdigit() and int(text) >= step:
+                return int(text)
             assert self.proc.poll() is None, f"run ended before step {step}:\n{self.log[-3000:]}"
             time.sleep(0.02)
         raise AssertionError(f"step {step} not reached in {timeout}s:\n{self.log[-3000:]}")
