@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -49,7 +50,10 @@ def test_nonfinite_grad_norm_is_skipped_and_recorded(skip_run):
 def test_nonfinite_grad_norm_stops_when_configured(stop_run):
     run_dir, proc = stop_run
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and out.count("exitcode  : 3") == 2, out[-3000:]  # both ranks exit 3
+    # A worker exits 3; torchrun then tears its peer down with SIGTERM if it has not exited yet (a race), so
+    # every reported failure is exit 3 or that SIGTERM. Both ranks reaching the stop is shown by their records.
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
+    assert proc.returncode != 0 and "3" in codes and set(codes) <= {"3", "-15"}, out[-3000:]
     assert ("error: stopped at step 2 after 1 non-finite steps (loss or gradient norm) in a row "
             "(training.on_nonfinite='stop')") in out
     assert sorted(p.name for p in (run_dir / "nonfinite").iterdir()) == ["step-2.rank-0.json",
