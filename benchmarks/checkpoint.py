@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     sync_s, async_stall_s, async_total_s, load_s = [], [], [], []
     with tempfile.TemporaryDirectory() as run_dir:
         states = {"model": model, "optimizer": opt}
-        ckpt = Checkpointer(CheckpointConfig(interval=10**9, keep_last=2, mode="sync"), run_dir, states=states)
+        ckpt = Checkpointer(CheckpointConfig(interval=10**9, keep_latest_k=2, mode="sync"), run_dir, states=states)
         ckpt.save(1, sync=True)  # warm-up, not counted: file creation, the async stager's CPU buffers
         ckpt.save(2, sync=False)
         ckpt.wait()

@@ -38,7 +38,7 @@ def make(run_dir, hidden=32, **cfg):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
     counter = Counter()
-    ckpt = Checkpointer(CheckpointConfig(**{"interval": 2, "keep_last": 2, **cfg}), run_dir,
+    ckpt = Checkpointer(CheckpointConfig(**{"interval": 2, "keep_latest_k": 2, **cfg}), run_dir,
                         states={"model": model, "optimizer": opt, "lr_scheduler": sched, "train_state": counter},
                         config={"hidden": hidden}, stage="unit")
     return model, opt, sched, counter, ckpt
@@ -66,7 +66,7 @@ def tree_digest(path: Path) -> str:
 
 
 def test_roundtrip_retention_and_layout(tmp_path):
-    model, opt, sched, counter, ckpt = make(tmp_path, keep_last=2, keep_every=4)
+    model, opt, sched, counter, ckpt = make(tmp_path, keep_latest_k=2, keep_every=4)
     assert ckpt.load_latest() is None  # fresh run dir
     for step in range(1, 11):
         train_step(model, opt, sched, counter)

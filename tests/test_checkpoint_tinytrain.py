@@ -77,8 +77,8 @@ def main() -> int:
     sampler = LoopSampler(LoopSamplerConfig(kind="uniform", min_loops=1, max_loops=4, seed=3))
     state = TrainState()
 
-    ckpt = Checkpointer(CheckpointConfig(interval=args.interval, keep_last=args.keep_last, keep_every=args.keep_every,
-                                         mode=args.mode),
+    ckpt = Checkpointer(CheckpointConfig(interval=args.interval, keep_latest_k=args.keep_last,
+                                         keep_every=args.keep_every, mode=args.mode),
                         run_dir, states={"model": model, "optimizer": opt, "lr_scheduler": sched,
                                          "dataloader": loader, "train_state": state},
                         config=vars(args), stage="tinytrain")

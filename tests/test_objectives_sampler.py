@@ -11,10 +11,10 @@ from titanloop.config_errors import ConfigError
 from titanloop.objectives import LoopSampler, LoopSamplerConfig
 
 STEPS = 300
-KINDS = [dict(kind="lognormal", mu=2.0, sigma=0.7, min_loops=1, max_loops=100),
-         dict(kind="lognormal", mu=1.7, sigma=0.4, min_loops=1, max_loops=16),
-         dict(kind="poisson", rate=4.0, min_loops=1, max_loops=8),
-         dict(kind="uniform", min_loops=2, max_loops=6)]
+KINDS = [dict(kind="lognormal", mu=2.0, sigma=0.7, min_sampled=1, max_sampled=100),
+         dict(kind="lognormal", mu=1.7, sigma=0.4, min_sampled=1, max_sampled=16),
+         dict(kind="poisson", rate=4.0, min_sampled=1, max_sampled=8),
+         dict(kind="uniform", min_sampled=2, max_sampled=6)]
 
 
 def _rank_worker(rank: int, world: int, init_file: str, out_file: str):
@@ -69,16 +69,16 @@ def test_same_seed_and_step_give_the_same_t_regardless_of_history():
 def test_samples_stay_in_the_clip_range(kw):
     sampler = LoopSampler(LoopSamplerConfig(seed=0, **kw))
     draws = [sampler(s) for s in range(2000)]
-    assert min(draws) >= kw["min_loops"] and max(draws) <= kw["max_loops"]
-    assert sampler.max_possible() == kw["max_loops"]
+    assert min(draws) >= kw["min_sampled"] and max(draws) <= kw["max_sampled"]
+    assert sampler.max_possible() == kw["max_sampled"]
     if kw["kind"] == "uniform":
-        assert set(draws) == set(range(kw["min_loops"], kw["max_loops"] + 1))
+        assert set(draws) == set(range(kw["min_sampled"], kw["max_sampled"] + 1))
     if kw["kind"] == "poisson":
-        assert max(draws) == kw["max_loops"]  # Poisson(4) exceeds 8 often enough to be clipped
+        assert max(draws) == kw["max_sampled"]  # Poisson(4) exceeds 8 often enough to be clipped
 
 
 def test_lognormal_median_matches_exp_mu():
-    sampler = LoopSampler(LoopSamplerConfig(kind="lognormal", mu=2.0, sigma=0.7, max_loops=100, seed=1))
+    sampler = LoopSampler(LoopSamplerConfig(kind="lognormal", mu=2.0, sigma=0.7, max_sampled=100, seed=1))
     draws = torch.tensor([sampler(s) for s in range(3000)], dtype=torch.float32)
     assert 6.5 <= draws.median().item() <= 8.5  # median of round(exp(N(2, 0.7))) is round(e^2) = 7
 
@@ -89,8 +89,8 @@ def test_fixed_sampler_returns_n_loops():
 
 
 @pytest.mark.parametrize("field,kwargs", [
-    ("loop_sampler.min_loops", dict(kind="uniform", min_loops=8, max_loops=4)),
-    ("loop_sampler.min_loops", dict(min_loops=0)),
+    ("loop_sampler.min_sampled", dict(kind="uniform", min_sampled=8, max_sampled=4)),
+    ("loop_sampler.min_sampled", dict(min_sampled=0)),
     ("loop_sampler.kind", dict(kind="gaussian")),
     ("loop_sampler.n_loops", dict(n_loops=0)),
     ("loop_sampler.sigma", dict(kind="lognormal", sigma=0.0)),

@@ -4,6 +4,7 @@ length, RoPE base, schedule, upcycling and the exit-gate Stage II."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from titanloop.config_errors import ConfigError
-from titanloop.data import DataConfig, build_dataloader
+from titanloop.data import build_dataloader
 from titanloop.eval.loading import load_model
 from titanloop.model import LoopLM
 from titanloop.recipe.stages import StageSection, previous_stage_state
@@ -73,7 +74,7 @@ def _first_step_reference(workdir: Path, stage: str, upcycle: str = "none") -> f
     state = prev.state_dict()
     model.load_state_dict(upcycle_state_dict(state, upcycle) if upcycle != "none" else state)
     t = cfg.training
-    loader = build_dataloader(DataConfig.from_dict({**cfg.data, "prefetch": 0}), seq_len=t.seq_len,
+    loader = build_dataloader(dataclasses.replace(cfg.data, prefetch=0), seq_len=t.seq_len,
                               micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
                               dp_rank=0, dp_world=1, vocab_size=cfg.looplm.vocab_size)
     losses = []

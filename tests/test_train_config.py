@@ -19,7 +19,7 @@ OURO = REPO / "train_configs" / "ouro_1p4b.toml"
 
 def test_debug_and_ouro_configs_load():
     cfg = load_config(DEBUG, world_size=2)
-    assert cfg.model.preset == "debug-tiny" and cfg.data["kind"] == "synthetic_text"
+    assert cfg.model.preset == "debug-tiny" and cfg.data.kind == "synthetic_text"
     ouro = load_config(OURO, world_size=64).looplm
     assert (ouro.n_layers, ouro.hidden_size, ouro.n_heads, ouro.ffn_hidden_size, ouro.vocab_size, ouro.n_loops) == \
         (24, 2048, 16, 5632, 49152, 4)
@@ -32,7 +32,7 @@ def test_every_field_is_overridable_from_the_command_line():
                               "--loop_sampler.kind", "poisson", "--parallelism.activation_checkpoint", "loop"],
                       world_size=1)
     assert cfg.training.steps == 10 and cfg.optimizer.betas == [0.8, 0.9] and cfg.looplm.n_loops == 3
-    assert cfg.objective.beta == 0.05 and cfg.metrics.wandb == "offline" and cfg.data["seed"] == 7
+    assert cfg.objective.beta == 0.05 and cfg.metrics.wandb == "offline" and cfg.data.seed == 7
     assert cfg.loop_sampler.kind == "poisson" and cfg.parallelism.activation_checkpoint == "loop"
     assert parse_overrides(["--data.kind", "mds"]) == {"data": {"kind": "mds"}}
 

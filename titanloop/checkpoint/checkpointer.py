@@ -188,7 +188,7 @@ class Checkpointer:
             files = {k: v for d in gathered for k, v in d.items()}
         if self.rank == 0:
             final = layout.publish(self.root, p.staging, p.step, {**p.manifest, "files": files})
-            removed = layout.apply_retention(self.root, self.cfg.keep_last, self.cfg.keep_every)
+            removed = layout.apply_retention(self.root, self.cfg.keep_latest_k, self.cfg.keep_every)
             log.info("checkpoint step %d published at %s in %.2fs%s", p.step, final,
                      time.perf_counter() - p.started, f"; removed steps {removed}" if removed else "")
         self._barrier()  # nobody proceeds (or exits) before the checkpoint is published

@@ -108,10 +108,11 @@ def publish(root: Path, staging: Path, step: int, manifest: dict) -> Path:
     return final
 
 
-def apply_retention(root: Path, keep_last: int, keep_every: int) -> list[int]:
-    """Delete published checkpoints other than the newest `keep_last` and the multiples of `keep_every`."""
+def apply_retention(root: Path, keep_latest_k: int, keep_every: int) -> list[int]:
+    """Delete published checkpoints other than the newest `keep_latest_k` (0: keep all) and the multiples of
+    `keep_every`."""
     steps = published_steps(root)
-    keep = set(steps[-keep_last:])
+    keep = set(steps[-keep_latest_k:]) if keep_latest_k > 0 else set(steps)
     if keep_every > 0:
         keep |= {s for s in steps if s % keep_every == 0}
     removed = [s for s in steps if s not in keep]

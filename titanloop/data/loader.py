@@ -33,6 +33,15 @@ from titanloop.data.schedule import assign_ranks, lane_quotas, mixture_arrays
 STATE_VERSION = 1
 
 
+def micro_batches_per_rank(global_batch: int, micro_batch_size: int, dp_world: int,
+                           name: str = "training.global_batch_size") -> int:
+    """Micro-batches each data-parallel rank runs for a global batch of `global_batch` sequences (gradient
+    accumulation); the one check that the global batch tiles micro_batch_size * dp (one-line ConfigError)."""
+    require(global_batch >= 1 and global_batch % (micro_batch_size * dp_world) == 0, name, global_batch,
+            f"a multiple of micro_batch_size * dp = {micro_batch_size} * {dp_world}")
+    return global_batch // (micro_batch_size * dp_world)
+
+
 def _assignment(js: np.ndarray, ks: np.ndarray, world: int, lane_base: tuple, layout: tuple):
     """(lane owner, assigned rank) of every sample of a global batch; the last few are cached because every
     simulated rank (titanloop.data.locality) asks for the same step."""
@@ -60,15 +69,12 @@ class PackedLoader:
         require(dp_world >= 1, "dp_world", dp_world, "an integer >= 1")
         require(0 <= dp_rank < dp_world, "dp_rank", dp_rank, f"an integer in [0, {dp_world})")
         require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
-        require(global_batch_size >= 1 and global_batch_size % (micro_batch_size * dp_world) == 0,
-                "global_batch_size", global_batch_size,
-                f"a positive multiple of micro_batch_size*dp_world={micro_batch_size * dp_world} (in sequences)")
         self.sources = list(sources)
         self.weights = [float(w) for w in weights]
         self.kind, self.seed = kind, int(seed)
         self.micro_batch_size, self.global_batch_size = micro_batch_size, global_batch_size
         self.dp_rank, self.dp_world = dp_rank, dp_world
-        self.grad_accum = global_batch_size // (micro_batch_size * dp_world)
+        self.grad_accum = micro_batches_per_rank(global_batch_size, micro_batch_size, dp_world)
         # step (0-based) -> global batch in sequences; None = global_batch_size for every step
         self.batch_schedule = batch_schedule
         self.prefetch = prefetch
@@ -149,10 +155,8 @@ class PackedLoader:
 
     def grad_accum_at(self, step: int) -> int:
         """Micro-batches this rank yields for optimizer step `step` (0-based)."""
-        g = self.batch_at(step)
-        require(g % (self.micro_batch_size * self.dp_world) == 0, "global batch", g,
-                f"a multiple of micro_batch_size*dp_world={self.micro_batch_size * self.dp_world} at step {step}")
-        return g // (self.micro_batch_size * self.dp_world)
+        return micro_batches_per_rank(self.batch_at(step), self.micro_batch_size, self.dp_world,
+                                      f"global batch at step {step}")
 
     def rank_samples(self, js: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions in the global batch (sources js, rows ks) that this rank reads, in order, and whether each

@@ -21,21 +21,26 @@ SAMPLERS = ("fixed", "lognormal", "poisson", "uniform")
 class LoopSamplerConfig:
     kind: str = "fixed"  # fixed | lognormal | poisson | uniform
     n_loops: int = 4  # the fixed T
-    mu: float = 2.0  # lognormal: T = round(exp(N(mu, sigma))), clipped to [min_loops, max_loops]
+    mu: float = 2.0  # lognormal: T = round(exp(N(mu, sigma))), clipped to [min_sampled, max_sampled]
     sigma: float = 0.7
     rate: float = 4.0  # poisson: T = Poisson(rate), clipped
-    min_loops: int = 1
-    max_loops: int = 100
+    # bounds of a sampled T (uniform: its range); not the model's max_loops (its number of per-loop norms)
+    min_sampled: int = 1
+    max_sampled: int = 100
     seed: int = 0
 
     def __post_init__(self):
         require_choice(self.kind, "loop_sampler.kind", SAMPLERS)
         require(self.n_loops >= 1, "loop_sampler.n_loops", self.n_loops, "an integer >= 1")
-        require(self.min_loops >= 1, "loop_sampler.min_loops", self.min_loops, "an integer >= 1")
-        require(self.min_loops <= self.max_loops, "loop_sampler.min_loops", self.min_loops,
-                f"<= loop_sampler.max_loops={self.max_loops}")
+        require(self.min_sampled >= 1, "loop_sampler.min_sampled", self.min_sampled, "an integer >= 1")
+        require(self.min_sampled <= self.max_sampled, "loop_sampler.min_sampled", self.min_sampled,
+                f"<= loop_sampler.max_sampled={self.max_sampled}")
         require(self.sigma > 0, "loop_sampler.sigma", self.sigma, "a value > 0")
         require(self.rate > 0, "loop_sampler.rate", self.rate, "a value > 0")
+
+    def bounds(self) -> tuple[int, int]:
+        """The fewest and the most loops a step can run."""
+        return (self.n_loops, self.n_loops) if self.kind == "fixed" else (self.min_sampled, self.max_sampled)
 
 
 class LoopSampler:
@@ -58,8 +63,8 @@ class LoopSampler:
         elif c.kind == "poisson":
             t = int(torch.poisson(torch.tensor(float(c.rate)), generator=g).item())
         else:
-            t = int(torch.randint(c.min_loops, c.max_loops + 1, (), generator=g).item())
-        return max(c.min_loops, min(c.max_loops, t))
+            t = int(torch.randint(c.min_sampled, c.max_sampled + 1, (), generator=g).item())
+        return max(c.min_sampled, min(c.max_sampled, t))
 
     def max_possible(self) -> int:
-        return self.cfg.n_loops if self.cfg.kind == "fixed" else self.cfg.max_loops
+        return self.cfg.bounds()[1]

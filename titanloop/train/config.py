@@ -9,7 +9,7 @@
     [training]       steps, batch sizes, sequence length, clipping, dtype, NaN policy, run directory
     [parallelism]    data-parallel (FSDP2) and tensor-parallel degrees, FSDP resharding, AC, compile
     [data]           titanloop.data.DataConfig fields (kind = synthetic_text | synthetic_task | mds | webdataset)
-    [checkpoint]     periodic DCP checkpoints in <run_dir>/checkpoints
+    [checkpoint]     titanloop.checkpoint.CheckpointConfig: DCP checkpoints in <run_dir>/checkpoints, preemption
     [metrics]        stdout and W&B logging
 
 `load_config(path, ["--training.steps", "10", ...])` reads the file, applies the overrides and validates
@@ -28,7 +28,10 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.data.config import DataConfig
+from titanloop.data.loader import micro_batches_per_rank
 from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
 from titanloop.recipe.schedule_checks import check_schedule
@@ -47,10 +50,11 @@ class ModelSection:
 
     preset: str = "debug-tiny"
     overrides: dict = field(default_factory=dict)
+    looplm: LoopLMConfig = field(init=False, repr=False)  # the resolved model shape, built (and checked) once
 
-    def build(self) -> LoopLMConfig:
+    def __post_init__(self):
         require_choice(self.preset, "model.preset", sorted(PRESETS))
-        return preset(self.preset, **self.overrides)
+        self.looplm = preset(self.preset, **self.overrides)
 
 
 @dataclass
@@ -158,24 +162,6 @@ class ParallelismSection:
 
 
 @dataclass
-class CheckpointSection:
-    enable: bool = False
-    interval: int = 100  # steps between saves (the last step is always saved)
-    keep_latest_k: int = 3
-    # titanloop.checkpoint (docs/checkpointing.md): permanent every-M-th saves, sync/async, preemption.
-    keep_every: int = 0  # also keep every checkpoint whose step is a multiple of this forever (0: none)
-    mode: str = "auto"  # auto (async on GPU, sync on CPU) | sync | async
-    preemption_signals: list = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
-    slurm_time_margin_s: float = 0.0  # > 0: also save and stop when less Slurm time than this is left
-
-    def validate(self):
-        require(self.interval >= 1, "checkpoint.interval", self.interval, "an integer >= 1")
-        require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", self.keep_latest_k, "an integer >= 0")
-        require(self.keep_every >= 0, "checkpoint.keep_every", self.keep_every, "an integer >= 0")
-        require_choice(self.mode, "checkpoint.mode", ("auto", "sync", "async"))
-
-
-@dataclass
 class MetricsSection:
     log_freq: int = 1  # steps between metric lines
     wandb: str = "off"  # off | online | offline (WANDB_MODE=offline in the environment also forces offline)
@@ -199,14 +185,14 @@ class TrainConfig:
     lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
     training: TrainingSection = field(default_factory=TrainingSection)
     parallelism: ParallelismSection = field(default_factory=ParallelismSection)
-    data: dict = field(default_factory=dict)  # titanloop.data.DataConfig fields
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     source: str | None = None  # the TOML file this came from
 
     @property
     def looplm(self) -> LoopLMConfig:
-        return self.model.build()
+        return self.model.looplm
 
     def to_dict(self) -> dict:
         """Plain, JSON-serializable view (what W&B receives as its config; contains no secrets)."""
@@ -275,16 +261,11 @@ def _build_model(values: dict) -> ModelSection:
         raise ConfigError(f"[model] has unknown key(s) {unknown}: allowed keys are ['preset', "
                           f"{', '.join(repr(k) for k in sorted(types))}]")
     overrides = {k: _coerce(v, types[k], f"model.{k}") for k, v in values.items()}
-    section = ModelSection(preset=name, overrides=overrides)
-    section.build()  # validates the model shape now
-    return section
+    return ModelSection(preset=name, overrides=overrides)
 
 
-def _build_data(values: dict) -> dict:
-    from titanloop.data import DataConfig
-
-    DataConfig.from_dict(values)  # validates kind, sources, ... (one-line ConfigError)
-    return dict(values)
+def _build_data(values: dict) -> DataConfig:
+    return DataConfig.from_dict(values)  # validates kind, sources, ... (one-line ConfigError)
 
 
 def _parse_literal(text: str):
@@ -353,11 +334,11 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         training=_build_section("training", TrainingSection, raw.get("training", {})),
         parallelism=_build_section("parallelism", ParallelismSection, raw.get("parallelism", {})),
         data=_build_data(raw.get("data", {})),
-        checkpoint=_build_section("checkpoint", CheckpointSection, raw.get("checkpoint", {})),
+        checkpoint=_build_section("checkpoint", CheckpointConfig, raw.get("checkpoint", {})),
         metrics=_build_section("metrics", MetricsSection, raw.get("metrics", {})),
         source=str(path) if path is not None else None,
     )
-    for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.checkpoint, cfg.metrics):
+    for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.metrics):
         section.validate()
     validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
     return cfg
@@ -396,16 +377,14 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     if tp > 1 and cfg.parallelism.sequence_parallel:
         require(t.seq_len % tp == 0, "training.seq_len", t.seq_len, f"a multiple of parallelism.tp={tp} "
                 "(sequence parallelism splits the sequence)")
-    require(t.global_batch_size % (t.micro_batch_size * dp) == 0, "training.global_batch_size", t.global_batch_size,
-            f"a multiple of micro_batch_size * dp = {t.micro_batch_size} * {dp}")
+    micro_batches_per_rank(t.global_batch_size, t.micro_batch_size, dp)
     require(t.seq_len <= m.max_seq_len, "training.seq_len", t.seq_len, f"<= model.max_seq_len={m.max_seq_len}")
     ramp = t.batch_ramp()
     if ramp is not None:
         ramp.check_layout(t.micro_batch_size, dp)
-    max_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
+    min_loops, max_loops = cfg.loop_sampler.bounds()
     if m.per_loop_norm:
-        require(max_loops <= m.max_loops, "loop_sampler.max_loops", max_loops,
+        require(max_loops <= m.max_loops, "loop_sampler.max_sampled", max_loops,
                 f"<= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
     if cfg.objective.name == "stage2_gate":
-        min_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.min_loops
         require(min_loops >= 2, "loop_sampler", min_loops, ">= 2 loops per step for objective.name='stage2_gate'")

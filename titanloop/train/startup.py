@@ -28,8 +28,8 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.tools import utils as tt_utils
 
-from titanloop.checkpoint import Checkpointer, CheckpointConfig, layout
-from titanloop.data import DataConfig, PackedLoader, build_dataloader
+from titanloop.checkpoint import Checkpointer, layout
+from titanloop.data import PackedLoader, build_dataloader
 from titanloop.model import LoopLM
 from titanloop.objectives import LoopSampler
 from titanloop.train.config import TrainConfig, mesh_degrees
@@ -118,7 +118,7 @@ def param_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
 
 
 def run_dir_has_checkpoint(cfg: TrainConfig) -> bool:
-    root = Path(cfg.training.run_dir) / CheckpointConfig.folder
+    root = Path(cfg.training.run_dir) / cfg.checkpoint.folder
     return cfg.checkpoint.enable and layout.latest_step(root) is not None
 
 
@@ -142,7 +142,7 @@ def build_model(cfg: TrainConfig) -> nn.Module:
 def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
     t = cfg.training
     ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
-    return build_dataloader(DataConfig.from_dict(cfg.data), seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+    return build_dataloader(cfg.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                             global_batch_size=t.global_batch_size, dp_rank=mesh.dp_rank, dp_world=mesh.dp_world,
                             vocab_size=cfg.looplm.vocab_size, batch_schedule=ramp.batch_at if ramp else None)
 
@@ -150,11 +150,8 @@ def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
 def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoader, state: TrainState) -> Checkpointer:
     """<run_dir>/checkpoints/step-N (DCP, reshardable) with model, optimizer, LR schedule, the data loader's
     global position, the train state, per-rank RNG, the resolved config and the stage name (docs/checkpointing.md)."""
-    c = cfg.checkpoint
-    ckpt_cfg = CheckpointConfig(enable=c.enable, interval=c.interval, keep_last=c.keep_latest_k or 10**9,
-                                keep_every=c.keep_every, mode=c.mode)
     states = {**engine.checkpoint_states(), "dataloader": dataloader, "train_state": state}
-    return Checkpointer(ckpt_cfg, cfg.training.run_dir, states, config=cfg.to_dict(),
+    return Checkpointer(cfg.checkpoint, cfg.training.run_dir, states, config=cfg.to_dict(),
                         stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"))
 
 
