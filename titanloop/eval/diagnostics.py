@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from titanloop.eval.stats import LoopStats
-from titanloop.eval.trace import iter_loops, rope_and_mask
+from titanloop.eval.trace import iter_loops
 from titanloop.model import LoopLM
 from titanloop.objectives import IGNORE_INDEX, exit_entropy, exit_log_probs, linear_cross_entropy
 from titanloop.objectives import spectral_radius_estimate
@@ -45,7 +45,7 @@ def radial_gradient_fraction(model: LoopLM, batch: dict, n_loops: int, chunk_siz
     """r_t per loop on one batch (module docstring); a backward through the readout path only."""
     ids, labels = batch["input_ids"], batch["labels"]
     scored = labels != IGNORE_INDEX
-    cos, sin, mask = rope_and_mask(model, ids, doc_ids=batch.get("doc_ids"))
+    cos, sin, mask = model.rope_and_mask(ids, doc_ids=batch.get("doc_ids"))
     with torch.no_grad():
         states = [s.state for s in iter_loops(model, ids, n_loops, doc_ids=batch.get("doc_ids"))]
     out = []
@@ -68,7 +68,7 @@ def spectral_radius(model: LoopLM, batch: dict, loops: list[int], rows: int = 2,
     """ρ(J_Φ) at the input x_{t-1} of each loop t in `loops`, on the first `rows` rows of `batch`."""
     ids = batch["input_ids"][:rows]
     doc_ids = batch["doc_ids"][:rows] if batch.get("doc_ids") is not None else None
-    cos, sin, mask = rope_and_mask(model, ids, doc_ids=doc_ids)
+    cos, sin, mask = model.rope_and_mask(ids, doc_ids=doc_ids)
     wanted = sorted(set(int(t) for t in loops))
     inputs = {}
     with torch.no_grad():

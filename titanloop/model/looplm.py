@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -122,6 +122,20 @@ class LoopLMOutput:
         return len(self.readouts)
 
 
+@dataclass
+class LoopStep:
+    """One loop t of a forward, as `LoopLM.loops` yields it (t = 1..T)."""
+
+    t: int  # 1-based loop index
+    loop_input: torch.Tensor  # [B, S, H] x_{t-1}: the input this loop received (JSRR linearizes Φ here)
+    state: torch.Tensor  # [B, S, H] raw hidden state H_t after the looped block
+    pre: torch.Tensor  # [B, S, H] H_t after the coda layers (if any): the readout before the final norm
+    normed: torch.Tensor  # [B, S, H] final norm of `pre`
+    exit_readout: torch.Tensor  # [B, S, H] what the LM head decodes when the model stops at loop t
+    gate_logit: torch.Tensor  # [B, S] exit-gate logit z_t, λ_t = sigmoid(z_t)
+    next_input: torch.Tensor  # [B, S, H] x_t: the input loop t+1 receives
+
+
 class LoopLM(nn.Module):
     def __init__(self, cfg: LoopLMConfig):
         super().__init__()
@@ -209,10 +223,16 @@ class LoopLM(nn.Module):
             h = g * h + (1 - g) * x
         return h
 
+    def next_loop_input(self, h: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
+        """x_t, the next loop's input, from loop t's raw state H_t: H_t itself, or its inter-loop norm (which is
+        `normed`, the readout's norm, when there are no coda layers in between)."""
+        if not self.cfg.inter_loop_norm:
+            return h
+        return normed if normed is not None and not self.coda else self.norm(h)
+
     def recurrent_map(self, x: torch.Tensor, t: int, cos, sin, mask=None) -> torch.Tensor:
         """Φ: the map from loop t's input to loop t+1's input (loop_step plus the inter-loop norm)."""
-        h = self.loop_step(x, t, cos, sin, mask)
-        return self.norm(h) if self.cfg.inter_loop_norm else h
+        return self.next_loop_input(self.loop_step(x, t, cos, sin, mask))
 
     def head_input(self, state: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
         """Coda layers (if any) on a loop's raw state; the readout/gate/next-loop input start from this."""
@@ -233,15 +253,14 @@ class LoopLM(nn.Module):
         return x
 
     # ----- forward ----------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0,
-                return_logits: str | None = None) -> LoopLMOutput:
-        """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits.
+    def loops(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0) -> Iterator[LoopStep]:
+        """The loop over t = 1..T, yielding a LoopStep after each loop; the caller may stop early (break).
+        `forward`, evaluation (titanloop.eval.trace) and early exit all run the model through this loop.
 
-        n_loops: T for this call (default cfg.n_loops); any T >= 1 works, beyond the trained depth too.
+        n_loops: T (default cfg.n_loops); any T >= 1 works, beyond the trained depth too.
         doc_ids: [B, S] document index per token; restricts attention to the token's own document.
         kv_cache / position_offset: incremental decoding (see titanloop.eval.generate).
-        return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models only).
         """
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
@@ -250,22 +269,31 @@ class LoopLM(nn.Module):
                     f"<= max_loops={len(self.loop_norms)} when per_loop_norm is on")
         cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache,
                                             position_offset=position_offset)
-
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
-        readouts, states, gates = [], [], []
         for t in range(t_total):
-            last_input = x
             h = step(x, t, cos, sin, mask, kv_cache)
             pre = self.head_input(h, t, cos, sin, mask, kv_cache)
             normed = self.norm(pre)
-            readouts.append(self.readout(pre, normed, t, t_total))
-            states.append(h)
-            gates.append(self.early_exit_gate(normed).squeeze(-1))
-            if self.cfg.inter_loop_norm:
-                x = normed if not self.coda else self.norm(h)
-            else:
-                x = h
+            nxt = self.next_loop_input(h, normed)
+            yield LoopStep(t=t + 1, loop_input=x, state=h, pre=pre, normed=normed,
+                           exit_readout=self.readout(pre, normed, t, t + 1),
+                           gate_logit=self.early_exit_gate(normed).squeeze(-1), next_input=nxt)
+            x = nxt
+
+    def forward(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0,
+                return_logits: str | None = None) -> LoopLMOutput:
+        """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits (arguments as
+        in `loops`). return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models)."""
+        t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
+        readouts, states, gates, x, last_input = [], [], [], None, None
+        for s in self.loops(input_ids, t_total, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache,
+                            position_offset=position_offset):
+            readouts.append(self.readout(s.pre, s.normed, s.t - 1, t_total))
+            states.append(s.state)
+            gates.append(s.gate_logit)
+            x, last_input = s.next_input, s.loop_input
         out = LoopLMOutput(readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x,
                            last_input=last_input)
         if return_logits == "last":
