@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from titanloop.data import DataConfig, SourceConfig, build_dataloader  # noqa: E402
-from titanloop.data.shard_format import write_shard_set  # noqa: E402
+from titanloop.data.shard_output import write_shard_set  # noqa: E402
 from titanloop.model.config import preset  # noqa: E402
 
 H100_BF16_PEAK = 989e12

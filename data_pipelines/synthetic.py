@@ -48,7 +48,7 @@ def main(argv=None) -> None:
 
     from titanloop.config_errors import ConfigError
     from titanloop.data.synthetic_tasks import EOS, build_task, eval_examples
-    from titanloop.data.shard_format import write_shard_set
+    from titanloop.data.shard_output import write_shard_set
 
     try:
         task = build_task(a.task, seed=a.seed, **dict(parse_option(o) for o in a.option))

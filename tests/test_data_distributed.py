@@ -47,7 +47,7 @@ def worker(shards: str, out: str) -> None:
 @pytest.mark.slow
 def test_two_gloo_ranks_then_resume_on_one(tmp_path):
     from titanloop.data import build_dataloader
-    from titanloop.data.shard_format import write_shard_set
+    from titanloop.data.shard_output import write_shard_set
 
     tok = {"fingerprint": "sha1:dist-test", "vocab_size": 512, "eos_id": 0}
     for name, seed in (("a", 1), ("b", 2)):

@@ -11,7 +11,7 @@ from data_pipelines import tokenize
 from data_pipelines.sample_corpus import train_tokenizer, write_fineweb_parquet
 from titanloop.config_errors import ConfigError
 from titanloop.data import DataConfig, ShardError, SourceConfig, build_dataloader
-from titanloop.data.shard_format import write_shard_set
+from titanloop.data.shard_output import write_shard_set
 
 TOKENIZER = {"fingerprint": "sha1:test-tokenizer-a", "vocab_size": 256, "eos_id": 0}
 

@@ -9,7 +9,7 @@ import torch
 
 from titanloop.data import DataConfig, SourceConfig, build_dataloader
 from titanloop.data.schedule import mixture_assignments
-from titanloop.data.shard_format import write_shard_set
+from titanloop.data.shard_output import write_shard_set
 
 STAGE1 = {"web": 73.4, "code": 13.0, "sft": 2.0, "math": 7.5, "long": 4.1}  # RECIPE §4 stage-1 mix
 TOKENIZER = {"fingerprint": "sha1:test-tokenizer", "vocab_size": 1024, "eos_id": 0}

@@ -34,7 +34,7 @@ def imported(tmp_path_factory):
 
 
 def test_import_is_exact_and_exports_to_ouro(imported, tmp_path):
-    from titanloop.eval.loading import load_model
+    from titanloop.checkpoint.loading import load_model
     from titanloop.interchange import export_ouro_hf
 
     ds_dir, run_dir, out = imported

@@ -17,12 +17,12 @@ import torch
 
 from titanloop.config_errors import ConfigError
 from titanloop.data import build_dataloader
-from titanloop.eval.loading import load_model
+from titanloop.checkpoint.loading import load_model
 from titanloop.model import LoopLM
 from titanloop.recipe.stages import StageSection, previous_stage_state
 from titanloop.recipe.upcycle import upcycle_state_dict
 from titanloop.train.config import load_config
-from titanloop.train.objective import loop_objective
+from titanloop.objectives import loop_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ROOT / "train_configs" / "tiny_chain"

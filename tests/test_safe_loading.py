@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from titanloop.checkpoint import CheckpointConfig, Checkpointer, layout
 from titanloop.checkpoint.state import ModelState, OptimizerState, rng_state_tensors, split_state
 from titanloop.config_errors import ConfigError
-from titanloop.eval.loading import load_model
+from titanloop.checkpoint.loading import load_model
 from titanloop.model import build_looplm, preset
 from titanloop.recipe import upcycle
 

@@ -375,22 +375,3 @@ def _scan_tar(data: bytes) -> _Scan:
                 sample["json"] = data[member.offset_data:member.offset_data + member.size]
     finish()
     return sc
-
-
-def write_shard_set(out: str, fmt: str, source: str, documents, tokenizer: dict,
-                    shard_bytes: int = DEFAULT_SHARD_BYTES, inputs: list[str] | None = None) -> Manifest:
-    """Write an iterable of (tokens, id, prompt_len, meta) documents as one shard set (single part).
-
-    Used for generated data (synthetic tasks, benchmarks, tests); corpora go through data_pipelines.tokenize.
-    """
-    from titanloop.data.shard_output import OutputDir
-
-    target = OutputDir(out)
-    dtype = token_dtype(int(tokenizer["vocab_size"]))
-    writer = ShardWriter(fmt, target.local, 0, dtype, tokenizer["fingerprint"], shard_bytes)
-    for tokens, doc_id, prompt_len, meta in documents:
-        writer.write(tokens, doc_id, prompt_len, meta)
-    manifest = Manifest(format=fmt, source=source, tokenizer=dict(tokenizer), dtype=dtype,
-                        shards=writer.finish(), inputs=inputs or [])
-    target.publish(manifest)
-    return manifest

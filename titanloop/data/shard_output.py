@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 
-from titanloop.data.shard_format import MANIFEST, Manifest
+from titanloop.data.shard_format import DEFAULT_SHARD_BYTES, MANIFEST, Manifest, ShardWriter, token_dtype
 
 
 class OutputDir:
@@ -61,3 +61,20 @@ class OutputDir:
         for rel in files + [MANIFEST]:  # manifest last
             uploader.upload_file(rel)
         shutil.rmtree(self.local, ignore_errors=True)
+
+
+def write_shard_set(out: str, fmt: str, source: str, documents, tokenizer: dict,
+                    shard_bytes: int = DEFAULT_SHARD_BYTES, inputs: list[str] | None = None) -> Manifest:
+    """Write an iterable of (tokens, id, prompt_len, meta) documents as one shard set (single part).
+
+    Used for generated data (synthetic tasks, benchmarks, tests); corpora go through data_pipelines.tokenize.
+    """
+    target = OutputDir(out)
+    dtype = token_dtype(int(tokenizer["vocab_size"]))
+    writer = ShardWriter(fmt, target.local, 0, dtype, tokenizer["fingerprint"], shard_bytes)
+    for tokens, doc_id, prompt_len, meta in documents:
+        writer.write(tokens, doc_id, prompt_len, meta)
+    manifest = Manifest(format=fmt, source=source, tokenizer=dict(tokenizer), dtype=dtype,
+                        shards=writer.finish(), inputs=inputs or [])
+    target.publish(manifest)
+    return manifest

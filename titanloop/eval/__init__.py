@@ -2,7 +2,7 @@
 KV-cache generation and an lm-eval-harness adapter. See docs/eval.md; CLI: `python -m titanloop.eval --help`."""
 from titanloop.eval.exits import pareto_front
 from titanloop.eval.inputs import eval_batches
-from titanloop.eval.loading import load_model
+from titanloop.checkpoint.loading import load_model
 from titanloop.eval.report import validate_report, write_report
 from titanloop.eval.stats import LoopStats, collect_loop_stats
 from titanloop.eval.sweep import EvalConfig, REPORT_SCHEMA, depth_sweep, evaluate, exit_frontier, loop_diagnostics

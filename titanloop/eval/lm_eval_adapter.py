@@ -30,7 +30,7 @@ from lm_eval.api.registry import register_model
 from titanloop.config_errors import ConfigError, require, require_choice
 from titanloop.eval.exits import q_exit
 from titanloop.eval.generate import GenerationConfig, generate
-from titanloop.eval.loading import load_model
+from titanloop.checkpoint.loading import load_model
 from titanloop.eval.trace import iter_loops
 
 

@@ -10,7 +10,7 @@ types they hold, so nothing in them can execute code. Tensor names may be titanl
 the DeepSpeed engine's root module (`model.<name>`), or Ouro Hugging Face names (`model.layers.0...`,
 `lm_head.weight`). The model shape comes from the training config. The result is
 `RUN_DIR/checkpoints/step-N` (N = the DeepSpeed global step) with the usual manifest: load it with
-`titanloop.eval.loading.load_model`, export it with `export_ouro_hf`, or start a stage from it
+`titanloop.checkpoint.loading.load_model`, export it with `export_ouro_hf`, or start a stage from it
 (`[stage] init_from = "RUN_DIR/checkpoints"`, `keep_optimizer = false`, optionally `upcycle = "stack"`).
 
 titanloop's own DeepSpeed engine never writes this format: its checkpoints are titanloop checkpoints

@@ -1,4 +1,4 @@
-"""parallelize_looplm: the torchtitan `parallelize_fn` of the LoopLM ModelSpec.
+"""parallelize_looplm: TP, AC, compile and FSDP2 applied to a LoopLM from outside the model (titanloop.train.engine).
 
 Order (as in torchtitan's llama3 parallelize): tensor parallel -> activation checkpointing -> compile ->
 FSDP2. Meshes come from torchtitan's ParallelDims: "fsdp" (data parallel, always present) and "tp".
@@ -20,13 +20,8 @@ from titanloop.parallel.tensor_parallel import apply_tensor_parallel
 def parallelize_looplm(model: LoopLM, *, parallel_dims, tp_mesh: DeviceMesh | None = None,
                        sequence_parallel: bool = True, activation_checkpoint: str = "none",
                        compile: bool = False, compile_backend="inductor", param_dtype=torch.float32,
-                       reduce_dtype=torch.float32, reshard_looped: str = "never", **_torchtitan_kwargs) -> LoopLM:
-    """Apply TP (when parallel_dims.tp > 1), AC, compile and FSDP2 to `model` in place and return it.
-
-    Extra keyword arguments that torchtitan's Trainer passes to every parallelize_fn (training=...,
-    parallelism=..., compile_config=..., ac_config=..., dump_folder=...) are accepted and ignored: the
-    titanloop trainer passes the titanloop settings explicitly.
-    """
+                       reduce_dtype=torch.float32, reshard_looped: str = "never") -> LoopLM:
+    """Apply TP (when parallel_dims.tp > 1), AC, compile and FSDP2 to `model` in place and return it."""
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
     apply_activation_checkpointing(model, activation_checkpoint)

@@ -48,7 +48,7 @@ class StageSection:
 def checkpoint_folder(path: str | Path) -> tuple[Path, int] | None:
     """(folder holding step-N dirs, step) of a titanloop checkpoint path, or None for an Ouro HF directory."""
     from titanloop.checkpoint import layout
-    from titanloop.eval.loading import checkpoint_format
+    from titanloop.checkpoint.loading import checkpoint_format
 
     p = Path(path)
     if checkpoint_format(p) == "ouro_hf":
@@ -65,7 +65,7 @@ def checkpoint_folder(path: str | Path) -> tuple[Path, int] | None:
 def previous_stage_state(stage: StageSection, model: LoopLM) -> dict:
     """The weights the new stage starts from, shaped for `model`: loaded from stage.init_from, duplicated when
     upcycling, and checked tensor by tensor (one-line error naming the first tensor that differs)."""
-    from titanloop.eval.loading import load_model
+    from titanloop.checkpoint.loading import load_model
 
     src = load_model(stage.init_from)
     old_cfg, new_cfg = src.cfg, model.cfg

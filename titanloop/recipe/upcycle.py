@@ -88,7 +88,7 @@ def upcycle_model(model, order: str = "stack"):
 
 def upcycle_hf_dir(src: str | Path, dst: str | Path, order: str = "stack") -> Path:
     """An Ouro HF directory or a titanloop training checkpoint (L layers) -> an Ouro HF directory with 2L."""
-    from titanloop.eval.loading import load_model
+    from titanloop.checkpoint.loading import load_model
     from titanloop.interchange.ouro_hf import export_ouro_hf
 
     dst = Path(dst)

@@ -2,7 +2,7 @@
 
 One step: T loops from the LoopSampler (a function of the step only, the same on every rank); for each
 micro-batch of the step (gradient accumulation; the batch-size ramp may change their number per step): forward
-T loops, the per-loop objective on the full sequence (titanloop.train.objective), backward through the engine
+T loops, the per-loop objective on the full sequence (titanloop.objectives.objective), backward through the engine
 (titanloop.train.engine); one all-reduce of [loss, per-loop statistics]; then the callbacks may veto the
 optimizer step (a non-finite loss on any rank skips it on every rank); clip, optimizer step, LR step (a non-finite
 gradient norm skips those two and is handled like a non-finite loss).
@@ -18,10 +18,9 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from titanloop.objectives import jsrr_probes, jsrr_target
+from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
-from titanloop.train.objective import loop_objective
 from titanloop.train.startup import Mesh, Run
 
 

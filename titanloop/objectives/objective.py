@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from titanloop.objectives import (IGNORE_INDEX, ObjectiveConfig, dense_supervision_loss, exit_entropy,
-                                  exit_log_probs, final_loop_loss, jsrr_loss, masked_mean,
-                                  per_loop_cross_entropy, scale_penalty, stage1_loss, stage2_gate_loss)
+from titanloop.objectives.chunked_ce import IGNORE_INDEX, per_loop_cross_entropy
+from titanloop.objectives.exit_distribution import exit_entropy, exit_log_probs
+from titanloop.objectives.jsrr import jsrr_loss
+from titanloop.objectives.losses import (ObjectiveConfig, dense_supervision_loss, final_loop_loss, masked_mean,
+                                         scale_penalty, stage1_loss, stage2_gate_loss)
 
 
 def loop_statistics(ce: torch.Tensor, gate_logits: torch.Tensor, states, mask: torch.Tensor) -> dict:
