@@ -71,7 +71,8 @@ def print_table(res: dict) -> None:
     print(f"{'T':>3} {'peak MiB':>9} {'peak MiB AC':>12} {'mem ratio':>10} {'step s':>8} {'step s AC':>10} "
           f"{'time ratio':>10}")
     for r in res["rows"]:
-        print(f"{r['n_loops']:>3} {r['peak_mib_no_ac']:>9.1f} {r['peak_mib_loop_ac']:>12.1f} {r['memory_ratio']:>10.2f} "
+        print(f"{r['n_loops']:>3} {r['peak_mib_no_ac']:>9.1f} {r['peak_mib_loop_ac']:>12.1f} "
+              f"{r['memory_ratio']:>10.2f} "
               f"{r['step_s_no_ac']:>8.3f} {r['step_s_loop_ac']:>10.3f} {r['time_ratio']:>10.2f}")
 
 

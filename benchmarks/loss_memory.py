@@ -52,7 +52,8 @@ def loss_fn(variant: str, model: LoopLM, inputs, targets, mask, n_loops: int, ch
 def run(vocab=32768, hidden=256, heads=4, layers=2, loops=4, batch=2, seq_len=256, chunk_size=4096, beta=0.1,
         repeats=0, seed=0) -> dict:
     torch.manual_seed(seed)
-    cfg = LoopLMConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads, ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
+    cfg = LoopLMConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads,
+                       ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
                        n_layers=layers, n_loops=loops, max_seq_len=seq_len)
     model = LoopLM(cfg)
     ids = torch.randint(0, vocab, (batch, seq_len + 1))
@@ -119,7 +120,8 @@ def print_table(res: dict) -> None:
     for name, value in res["ratios"].items():
         print(f"  {name:<32} {value:6.3f}x")
     verdict = "meets" if res["meets_target"] else "MISSES"
-    print(f"per_loop/final_only = {res['ratios']['per_loop/final_only']:.3f}x: {verdict} the target <= {res['target']}x;"
+    print(f"per_loop/final_only = {res['ratios']['per_loop/final_only']:.3f}x: {verdict} the target "
+          f"<= {res['target']}x;"
           f" Stage I chunked == naive: {res['per_loop_matches_naive']}")
 
 

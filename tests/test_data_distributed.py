@@ -18,7 +18,8 @@ def data_config(shards):
     from titanloop.data import DataConfig, SourceConfig
 
     return DataConfig(kind="webdataset", seed=11, shuffle_block=4,
-                      sources=[SourceConfig(os.path.join(shards, "a"), 3.0), SourceConfig(os.path.join(shards, "b"), 1.0)])
+                      sources=[SourceConfig(os.path.join(shards, "a"), 3.0),
+                               SourceConfig(os.path.join(shards, "b"), 1.0)])
 
 
 def worker(shards: str, out: str) -> None:

@@ -154,6 +154,6 @@ def test_packed_training_rows_score_per_example():
     ld = build_dataloader(cfg, seq_len=64, micro_batch_size=2, global_batch_size=2, dp_rank=0, dp_world=1,
                           vocab_size=32)
     b = next(ld)
-    n_examples = sum(len(torch.unique(d[l != -100])) for d, l in zip(b["doc_ids"], b["labels"]))
+    n_examples = sum(len(torch.unique(d[lab != -100])) for d, lab in zip(b["doc_ids"], b["labels"]))
     assert answer_accuracy(b["labels"].clamp(min=0), b["labels"], b["doc_ids"]) == (n_examples, n_examples)
     assert n_examples >= 2 * 64 // 12

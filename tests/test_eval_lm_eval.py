@@ -94,7 +94,8 @@ def test_simple_evaluate_on_local_task(checkpoint, tmp_path):
     path, model = checkpoint
     task_dir = write_task(tmp_path)
     out = simple_evaluate(model="titanloop", model_args=f"pretrained={path},n_loops=3,tokenizer=bytes",
-                          tasks=["tiny_choice"], task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+                          tasks=["tiny_choice"],
+                          task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
                           batch_size=4, log_samples=False, bootstrap_iters=0)
     acc = out["results"]["tiny_choice"]["acc,none"]
     expected = sum(max(range(len(d["choices"])), key=lambda i: direct_loglik(model, d["question"], d["choices"][i], 3))

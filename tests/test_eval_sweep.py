@@ -110,7 +110,8 @@ def test_iter_loops_matches_forward(overrides):
 def test_exit_rules_on_crafted_trajectories():
     inf = math.inf
     # hidden-state change per loop for 4 tokens, T = 4 (loop 1 has no previous state)
-    hd = torch.tensor([[inf, inf, inf, inf], [0.5, 0.01, 0.5, 0.2], [0.05, 0.3, 0.5, 0.01], [0.0, 0.0, 0.5, 0.0]]).float()
+    hd = torch.tensor([[inf, inf, inf, inf], [0.5, 0.01, 0.5, 0.2], [0.05, 0.3, 0.5, 0.01],
+                       [0.0, 0.0, 0.5, 0.0]]).float()
     assert hidden_diff_exit(hd, 0.1).tolist() == [3, 2, 4, 3]
     assert hidden_diff_exit(hd, 0.0).tolist() == [4, 4, 4, 4]  # strict <: never fires, run to T
     # ASH: ||Δp||_1 below eps for m consecutive loops

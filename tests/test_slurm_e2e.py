@@ -1,8 +1,10 @@
 """Slurm end to end on the local cluster (slurm/local_cluster.sh): sbatch slurm/stage1a.sh running the real
-trainer (`torchrun -m titanloop.train`) on the tiny CPU config train_configs/debug.toml, preempted with `scancel -s USR1 -b` (what --signal=B:USR1@margin does before the time limit): the
+trainer (`torchrun -m titanloop.train`) on the tiny CPU config train_configs/debug.toml, preempted with
+`scancel -s USR1 -b` (what --signal=B:USR1@margin does before the time limit): the
 batch shell forwards the signal, the ranks save and exit, the job requeues itself, resumes from the
 checkpoint (SLURM_RESTART_COUNT=1) with the same W&B run id and completes; its final checkpoint (model,
-optimizer, LR schedule, data state, counters, per-rank RNG) equals an uninterrupted job's bit for bit. Skipped only when no Slurm cluster answers (`sinfo`); CI starts one with slurm/local_cluster.sh.
+optimizer, LR schedule, data state, counters, per-rank RNG) equals an uninterrupted job's bit for bit.
+Skipped only when no Slurm cluster answers (`sinfo`); CI starts one with slurm/local_cluster.sh.
 """
 
 from __future__ import annotations

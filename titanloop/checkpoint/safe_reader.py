@@ -82,7 +82,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             obj = torch.load(value, weights_only=True)
         except Exception as e:  # noqa: BLE001 - an UnpicklingError for anything but plain data
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"checkpoint entry {fqn!r} is not plain data, refusing to load it ({reason})") from None
+            raise CheckpointError(f"checkpoint entry {fqn!r} is not plain data, refusing to load it "
+                                  f"({reason})") from None
         if self.flatten_state_dict:  # where DefaultLoadPlanner.load_bytes puts it
             set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:

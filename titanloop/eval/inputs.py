@@ -54,7 +54,8 @@ def _check_batch(b, i: int) -> dict:
         raise ConfigError(f"dataset batch {i}: input_ids {list(ids.shape)} and labels {list(labels.shape)} are "
                           "invalid: expected two [B, S] tensors of the same shape")
     out = {"input_ids": ids.long(), "labels": labels.long()}
-    out["token_mask"] = torch.as_tensor(b["token_mask"]).bool() if "token_mask" in b else torch.ones_like(ids, dtype=torch.bool)
+    out["token_mask"] = (torch.as_tensor(b["token_mask"]).bool() if "token_mask" in b
+                         else torch.ones_like(ids, dtype=torch.bool))
     if b.get("doc_ids") is not None:
         out["doc_ids"] = torch.as_tensor(b["doc_ids"]).long()
     return out
@@ -104,7 +105,8 @@ def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None
         else:
             batches = _sequences_to_batches(items, batch_size)
     elif isinstance(dataset, Iterable):
-        batches = [_check_batch(b, i) for i, b in enumerate(itertools.islice(dataset, max_batches or DEFAULT_MAX_BATCHES))]
+        first = itertools.islice(dataset, max_batches or DEFAULT_MAX_BATCHES)
+        batches = [_check_batch(b, i) for i, b in enumerate(first)]
     else:
         raise ConfigError(f"dataset of type {type(dataset).__name__} is invalid: expected token sequences, batch "
                           "dicts, a loader or a DataConfig")
@@ -115,7 +117,8 @@ def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None
                           "expected at least one scored token")
     if vocab_size is not None:
         top = max(max(int(b["input_ids"].max()), int(b["labels"].max())) for b in batches)
-        low = min(int(torch.where(b["labels"] == IGNORE_INDEX, 0, b["labels"]).min().clamp(max=int(b["input_ids"].min())))
+        low = min(int(torch.where(b["labels"] == IGNORE_INDEX, 0, b["labels"]).min()
+                      .clamp(max=int(b["input_ids"].min())))
                   for b in batches)
         require(0 <= low and top < vocab_size, "dataset token id", top if top >= vocab_size else low,
                 f"ids in [0, {vocab_size}) (the model's vocab_size)")

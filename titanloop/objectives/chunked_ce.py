@@ -51,7 +51,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         n = hidden.shape[0]
         g = (grad_loss.float() * valid.float())
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1]
+                  else None)
         for s in range(0, n, ctx.chunk_size):
             e = min(n, s + ctx.chunk_size)
             # d loss / d logits = (softmax - onehot) * g, formed in place in the one [chunk, V] buffer

@@ -49,7 +49,8 @@ def count_layers(keys) -> int:
         raise ConfigError("upcycle: no looped-layer keys ('layers.<i>.') found in the checkpoint")
     n = max(idx) + 1
     if idx != set(range(n)):
-        raise ConfigError(f"upcycle: layer indices are not contiguous 0..{n - 1}: missing {sorted(set(range(n)) - idx)}")
+        raise ConfigError(f"upcycle: layer indices are not contiguous 0..{n - 1}: "
+                          f"missing {sorted(set(range(n)) - idx)}")
     return n
 
 

@@ -367,7 +367,8 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     m = cfg.looplm
     require(m.n_heads % tp == 0 and m.kv_heads % tp == 0, "parallelism.tp", tp,
             f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}")
-    require(m.ffn_hidden_size % tp == 0, "parallelism.tp", tp, f"a divisor of model.ffn_hidden_size={m.ffn_hidden_size}")
+    require(m.ffn_hidden_size % tp == 0, "parallelism.tp", tp,
+            f"a divisor of model.ffn_hidden_size={m.ffn_hidden_size}")
     require(m.vocab_size % tp == 0, "parallelism.tp", tp, f"a divisor of model.vocab_size={m.vocab_size}")
     require(not (tp > 1 and m.tie_embeddings), "model.tie_embeddings", True,
             "false under tensor parallelism (the embedding is vocab-sharded, the LM head replicated)")
