@@ -8,7 +8,7 @@ import pytest
 
 from titanloop.data import DataConfig, SourceConfig
 from titanloop.data.locality import read_amplification
-from titanloop.data.shard_format import write_shard_set
+from titanloop.data.shard_output import write_shard_set
 from titanloop.data.shards import open_shard_sources
 
 SEQ, G, BLOCK, STEPS, VOCAB = 64, 1024, 8, 8, 1000
