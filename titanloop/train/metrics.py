@@ -4,10 +4,10 @@ from rank 0. The JSONL file holds the same numbers at full precision, one object
 W&B: `metrics.wandb = "online" | "offline" | "off"`; WANDB_MODE=offline in the environment turns an
 online run into an offline one. W&B never stops training: an online run that cannot reach W&B (wandb.init gives
 up after WANDB_INIT_TIMEOUT seconds, default 90) logs offline instead, and any later W&B error turns W&B off
-for the rest of the run (stdout and metrics.jsonl continue). The run id is created once and stored in `<run_dir>/wandb_run_id`, so a
-resumed job (same run_dir) continues the same W&B run. The API key is read by wandb itself from its usual
-places (WANDB_API_KEY, ~/.netrc); titanloop never reads, logs or stores it, and the W&B config is the
-training config (TrainConfig.to_dict), which has no secret fields.
+for the rest of the run (stdout and metrics.jsonl continue). The run id is created once and stored in
+`<run_dir>/wandb_run_id`, so a resumed job (same run_dir) continues the same W&B run. The API key is read by
+wandb itself from its usual places (WANDB_API_KEY, ~/.netrc); titanloop never reads, logs or stores it, and
+the W&B config is the training config (TrainConfig.to_dict), which has no secret fields.
 
 MFU = achieved model FLOP/s / (peak FLOP/s x ranks), with FLOPs per token from
 LoopLMConfig.flops_per_token (which counts every loop). The peak is the H100 bf16 dense peak (989 TFLOP/s)
