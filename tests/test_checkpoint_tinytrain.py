@@ -74,7 +74,7 @@ def main() -> int:
         opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
     loader = build_dataloader(DataConfig(kind="synthetic_text", seed=7, prefetch=0), seq_len=32, micro_batch_size=2,
                               global_batch_size=8, dp_rank=rank, dp_world=world, vocab_size=args.vocab)
-    sampler = LoopSampler(LoopSamplerConfig(kind="uniform", min_loops=1, max_loops=4, seed=3))
+    sampler = LoopSampler(LoopSamplerConfig(kind="uniform", min_sampled=1, max_sampled=4, seed=3))
     state = TrainState()
 
     ckpt = Checkpointer(CheckpointConfig(interval=args.interval, keep_latest_k=args.keep_last,
