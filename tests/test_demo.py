@@ -34,6 +34,6 @@ def test_summary_schema_and_table(tmp_path):
 
 
 def test_demo_rejects_bad_seeds_before_setup():
-    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True, check=False,
-                          timeout=60)
+    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True,
+                          check=False, timeout=60)
     assert proc.returncode == 2 and "--seeds '0,x' is invalid" in proc.stderr

@@ -94,7 +94,8 @@ def main(argv=None) -> int:
                "budget and Stage I above static on average).")
     common.write_results(args.out, name=NAME, title="Exit gate (ouro Fig. 5): accuracy at an average-loop budget",
                          paper=PAPER, columns=["rule"] + [f"<= {b} loops" for b in BUDGETS], rows=rows,
-                         verdict=verdict, reproduced=reproduced, smoke=args.smoke, command=f"python -m experiments.{NAME}",
+                         verdict=verdict, reproduced=reproduced, smoke=args.smoke,
+                         command=f"python -m experiments.{NAME}",
                          extra={"seeds": args.seeds, "points": curves})
     series = {}
     for rule, label in RULES.items():
