@@ -24,7 +24,7 @@ VARIANTS = {
     "plain": {},
     # median exp(1.4) ≈ 4 loops, like the plain run's T = 4 (the paper's μ = 2 has median 7.4; scaled down for CPU)
     "stars": {"loop_sampler.kind": "lognormal", "loop_sampler.mu": 1.4, "loop_sampler.sigma": 0.5,
-              "loop_sampler.min_loops": 1, "loop_sampler.max_loops": 12, "objective.jsrr_weight": 0.1},
+              "loop_sampler.min_sampled": 1, "loop_sampler.max_sampled": 12, "objective.jsrr_weight": 0.1},
 }
 
 
