@@ -178,7 +178,8 @@ def test_nan_on_one_rank_is_skipped_on_every_rank(runs):
 def test_consecutive_nans_stop_every_rank(runs):
     assert all(rc != 0 for rc in runs["multinode_rc"]), runs["multinode_rc"]  # both launchers ended, no hang
     out = "".join(runs["multinode_out"])
-    assert "error: stopped at step 6 after 2 non-finite steps (loss or gradient norm) in a row (training.max_nan_steps=2)" in out
+    assert ("error: stopped at step 6 after 2 non-finite steps (loss or gradient norm) in a row "
+            "(training.max_nan_steps=2)") in out
     assert "step     7" not in out and 7 not in runs["multinode"]
 
 

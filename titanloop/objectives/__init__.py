@@ -11,7 +11,8 @@ from titanloop.objectives.losses import (ObjectiveConfig, dense_supervision_loss
 from titanloop.objectives.objective import loop_objective, loop_statistics
 
 __all__ = ["IGNORE_INDEX", "dense_cross_entropy", "linear_cross_entropy", "per_loop_cross_entropy", "exit_cdf",
-           "exit_entropy", "exit_log_probs", "exit_probs", "q_exit_steps", "jsrr_loss", "spectral_radius_estimate",
+           "exit_entropy", "exit_log_probs", "exit_probs", "q_exit_steps", "jsrr_loss", "jsrr_probes", "jsrr_target",
+           "spectral_radius_estimate",
            "LoopSampler", "LoopSamplerConfig", "ObjectiveConfig", "dense_supervision_loss", "dense_weights",
            "final_loop_loss", "geometric_prior", "masked_mean", "scale_penalty", "stage1_loss", "stage2_gate_loss",
            "loop_objective", "loop_statistics"]

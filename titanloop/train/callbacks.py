@@ -105,8 +105,8 @@ class NonFinite(Callback):
         if state.nan_streak >= self.max_in_a_row and state.exit_code is None:
             state.exit_code = EXIT_CODE_NONFINITE
             if run.mesh.rank == 0:
-                print(f"error: stopped at step {state.step} after {state.nan_streak} non-finite steps (loss or gradient "
-                      f"norm) in a row ({self.limit}); see {self._dir(run)}", file=sys.stderr,
+                print(f"error: stopped at step {state.step} after {state.nan_streak} non-finite steps (loss or "
+                      f"gradient norm) in a row ({self.limit}); see {self._dir(run)}", file=sys.stderr,
                       flush=True)
 
     def _count(self, run, result: StepResult, what: str) -> None:

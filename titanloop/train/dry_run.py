@@ -124,10 +124,9 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
 
 
 def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
-    from titanloop.data import DataConfig
     from titanloop.data.shards import is_remote
 
-    data = DataConfig.from_dict(cfg.data)
+    data = cfg.data
     t = cfg.training
     line = (f"data: {data.kind}, each of {dp} data-parallel ranks reads {t.micro_batch_size} x {t.seq_len} "
             f"tokens per micro-batch")

@@ -94,7 +94,7 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     from titanloop.train.startup import build_model
 
     t = cfg.training
-    n_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
+    n_loops = cfg.loop_sampler.bounds()[1]
     if mesh.device.type == "cpu":  # FakeTensors tell "cpu" from "cpu:0"; FSDP2 puts CPU parameters on "cpu"
         mesh = dataclasses.replace(mesh, device=torch.device("cpu"))
     model = parallelize(cfg, build_model(cfg), mesh, param_dtype)
@@ -155,7 +155,7 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
     accum = (ramp.end if ramp else cfg.training.global_batch_size) // (cfg.training.micro_batch_size * mesh.dp_world)
     snap = measure_step(planned, mesh, param_dtype(cfg, "cuda"), micro_batches=min(2, accum), attention=attention)
     rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
-    n_loops = cfg.loop_sampler.n_loops if cfg.loop_sampler.kind == "fixed" else cfg.loop_sampler.max_loops
+    n_loops = cfg.loop_sampler.bounds()[1]
     notes = []
     if cfg.parallelism.compile:
         notes.append("planned eager: torch.compile usually lowers activation memory (fused elementwise ops)")
