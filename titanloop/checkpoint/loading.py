@@ -47,12 +47,10 @@ def _model_config_from_manifest(manifest: dict, ckpt: Path) -> LoopLMConfig:
     return preset(name, **section) if name is not None else LoopLMConfig.from_dict(section)
 
 
-def _load_dcp(path: Path, device, dtype) -> LoopLM:
-    """Model weights of a titanloop.checkpoint DCP checkpoint (a step dir, or a folder whose `latest` names one)."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
+def published_step_dir(path: Path) -> tuple[Path, dict]:
+    """(step dir, manifest) of a titanloop.checkpoint DCP checkpoint: a step dir, or a folder whose `latest`
+    names one. ConfigError for anything else."""
     from titanloop.checkpoint import layout
-    from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
 
     if not (path / ".metadata").is_file():
         step = layout.latest_step(path)
@@ -64,24 +62,37 @@ def _load_dcp(path: Path, device, dtype) -> LoopLM:
         raise ConfigError(f"checkpoint path={str(path)!r} is a DCP checkpoint without {layout.MANIFEST} (e.g. "
                           "torchtitan's CheckpointManager format, which does not record the model config): "
                           "expected a titanloop.checkpoint checkpoint, or export the model to an Ouro HF directory")
-    manifest = layout.read_manifest(path)
-    model = LoopLM(_model_config_from_manifest(manifest, path))
+    return path, layout.read_manifest(path)
+
+
+def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, ...] = ()) -> None:
+    """Read the `model/...` tensors of the DCP step dir `path` into `model` (model tensors only, through the
+    restricted reader); `tied` names parameters that may be absent because they share another one's storage."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
+
     stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
     live = model.state_dict()
     targets = {f"model/{k}": torch.empty_like(v) for k, v in live.items() if f"model/{k}" in stored}
-    missing = sorted(k for k in live if f"model/{k}" not in stored
-                     and not (model.cfg.tie_embeddings and k == "lm_head.weight"))
+    missing = sorted(k for k in live if f"model/{k}" not in stored and k not in tied)
     if missing:
         raise ConfigError(f"checkpoint {str(path)!r} lacks model tensor {missing[0]!r} ({len(missing)} missing): "
-                          "it does not hold a LoopLM of the stored config")
+                          f"it does not hold a {type(model).__name__} of the stored config")
     not_tensors = sorted(k for k in targets if not isinstance(stored[k], TensorStorageMetadata))
     if not_tensors:
         raise ConfigError(f"checkpoint {str(path)!r} stores {not_tensors[0]!r} as a non-tensor entry, not as a "
                           "tensor: it is not a titanloop training checkpoint (refusing to load it)")
     load_dcp(targets, path)
-    model.load_state_dict({k[len("model/"):]: v for k, v in targets.items()}, strict=not model.cfg.tie_embeddings)
-    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    model.load_state_dict({k[len("model/"):]: v for k, v in targets.items()}, strict=not tied)
 
+
+def _load_dcp(path: Path, device, dtype) -> LoopLM:
+    """Model weights of a titanloop.checkpoint DCP checkpoint (a step dir, or a folder whose `latest` names one)."""
+    path, manifest = published_step_dir(path)
+    model = LoopLM(_model_config_from_manifest(manifest, path))
+    load_dcp_model_weights(model, path, ("lm_head.weight",) if model.cfg.tie_embeddings else ())
+    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
 
 def load_model(path, device="cpu", dtype: torch.dtype | None = None) -> LoopLM:
     """Load a LoopLM from `path` (formats in the module docstring), in eval mode."""

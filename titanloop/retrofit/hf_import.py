@@ -10,6 +10,7 @@ tensor at a time. Kept layers are copied; the removed layers only contribute the
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -29,6 +30,12 @@ def read_hf_config(path: str | Path):
     if not (p / "config.json").is_file():
         raise ConfigError(f"retrofit.hf_path={str(path)!r} has no config.json: pass a local Hugging Face "
                           "model directory (save_pretrained output)")
+    return _read_hf_config(str(p.resolve()), (p / "config.json").stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_hf_config(path: str, mtime_ns: int):
+    p = Path(path)
     model_type = json.loads((p / "config.json").read_text()).get("model_type")
     require(model_type in SUPPORTED, "model_type", model_type, f"one of {SUPPORTED} in {p / 'config.json'}")
     from transformers import AutoConfig
@@ -135,3 +142,17 @@ def load_retrofit(cfg: RetrofitConfig, hf_path: str | None = None) -> RetrofitLM
             f"unexpected {unexpected})")
     model.freeze_base()
     return model
+
+
+def looplm_view(cfg: RetrofitConfig):
+    """A LoopLMConfig with the retrofit model's shape (P prelude layers, 1 looped layer, C coda layers), so the
+    training config's layout checks, data vocabulary and FLOP accounting apply to a retrofit run unchanged."""
+    from titanloop.model.config import LoopLMConfig
+
+    _, s = read_hf_config(cfg.hf_path)
+    return LoopLMConfig(vocab_size=s.vocab_size, hidden_size=s.hidden_size, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+                        ffn_hidden_size=s.ffn_hidden_size, n_layers=1, n_loops=cfg.n_loops, max_loops=cfg.max_loops,
+                        max_seq_len=s.max_seq_len, rope_theta=s.rope_theta, norm_eps=s.norm_eps,
+                        n_prelude_layers=cfg.n_prelude, n_coda_layers=cfg.n_coda,
+                        gated_recurrence=cfg.gated_recurrence, per_loop_norm=cfg.step_norm,
+                        tie_embeddings=s.tie_embeddings, inter_loop_norm=False, readout="final_only_norm")

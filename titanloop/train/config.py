@@ -1,4 +1,4 @@
-"""The training config: one TOML file with eleven sections, every field overridable on the command line.
+"""The training config: one TOML file with twelve sections, every field overridable on the command line.
 
     [stage]          name, init_from (previous stage's checkpoint), upcycle, keep_optimizer (titanloop.recipe.stages)
     [model]          preset + any LoopLMConfig field              (titanloop.model.config)
@@ -11,6 +11,7 @@
     [data]           titanloop.data.DataConfig fields (kind = synthetic_text | synthetic_task | mds | webdataset)
     [checkpoint]     titanloop.checkpoint.CheckpointConfig: DCP checkpoints in <run_dir>/checkpoints, preemption
     [metrics]        stdout and W&B logging
+    [retrofit]       RetrofitConfig: retrofit a pretrained HF checkpoint (titanloop.retrofit); off unless hf_path
 
 `load_config(path, ["--training.steps", "10", ...])` reads the file, applies the overrides and validates
 everything (including the mesh against WORLD_SIZE) before any process group exists; every problem is a
@@ -36,6 +37,7 @@ from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
 from titanloop.recipe.schedule_checks import check_schedule
 from titanloop.recipe.stages import StageSection
+from titanloop.retrofit.config import RetrofitConfig
 
 DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("off", "online", "offline")
@@ -188,10 +190,20 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    retrofit: RetrofitConfig = field(default_factory=RetrofitConfig)  # used when retrofit.hf_path is set
     source: str | None = None  # the TOML file this came from
 
     @property
+    def is_retrofit(self) -> bool:
+        return bool(self.retrofit.hf_path)
+
+    @property
     def looplm(self) -> LoopLMConfig:
+        """The model's shape; for a retrofit run, the retrofit model's (read from its HF config.json)."""
+        if self.is_retrofit:
+            from titanloop.retrofit.hf_import import looplm_view
+
+            return looplm_view(self.retrofit)
         return self.model.looplm
 
     def to_dict(self) -> dict:
@@ -336,6 +348,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         data=_build_data(raw.get("data", {})),
         checkpoint=_build_section("checkpoint", CheckpointConfig, raw.get("checkpoint", {})),
         metrics=_build_section("metrics", MetricsSection, raw.get("metrics", {})),
+        retrofit=_build_section("retrofit", RetrofitConfig, raw.get("retrofit", {})),
         source=str(path) if path is not None else None,
     )
     for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.metrics):
@@ -387,5 +400,24 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     if m.per_loop_norm:
         require(max_loops <= m.max_loops, "loop_sampler.max_sampled", max_loops,
                 f"<= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
+    if cfg.is_retrofit:
+        check_retrofit_layout(cfg, tp, max_loops)
     if cfg.objective.name == "stage2_gate":
         require(min_loops >= 2, "loop_sampler", min_loops, ">= 2 loops per step for objective.name='stage2_gate'")
+
+
+def check_retrofit_layout(cfg: TrainConfig, tp: int, max_loops: int) -> None:
+    """What a retrofit run (titanloop.retrofit) supports: its shape comes from the HF checkpoint, it decodes
+    only the last recurrence step, and its per-step parameters bound the loop count."""
+    r = cfg.retrofit
+    require(not cfg.model.overrides, "model", cfg.model.overrides,
+            "no [model] keys in a retrofit run (the shape comes from retrofit.hf_path's config.json)")
+    from titanloop.retrofit.hf_import import read_hf_config
+
+    r.check_depth(read_hf_config(r.hf_path)[1].n_layers)
+    require(tp == 1, "parallelism.tp", tp, "1 for a retrofit run (its model has no tensor-parallel plan)")
+    require(cfg.objective.name == "final_only", "objective.name", cfg.objective.name,
+            "'final_only' for a retrofit run (the coda decodes the last recurrence step only)")
+    require(cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight, "0 for a retrofit run")
+    require(max_loops <= r.max_loops, "loop_sampler", max_loops,
+            f"at most retrofit.max_loops={r.max_loops} loops (per-step norms, embeddings and diagonals)")

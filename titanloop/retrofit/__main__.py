@@ -1,0 +1,34 @@
+"""`python -m titanloop.retrofit export --checkpoint <run_dir>/checkpoints --out <dir>`
+
+Writes a retrofit run's model as a Hugging Face directory of model_type "titanloop_retrofit" (own remote code;
+load with AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)). Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from titanloop.config_errors import ConfigError
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m titanloop.retrofit", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="export a retrofit training checkpoint as a titanloop_retrofit HF dir")
+    ex.add_argument("--checkpoint", required=True, help="DCP step dir, or the checkpoint folder (newest step)")
+    ex.add_argument("--out", required=True, help="output directory")
+    args = ap.parse_args(argv)
+    from titanloop.retrofit.export import export_from_checkpoint
+
+    try:
+        out = export_from_checkpoint(args.checkpoint, args.out)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (model_type titanloop_retrofit)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
