@@ -97,6 +97,9 @@ def print_summary(run) -> None:
               f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
               f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
               f"{cfg.loop_sampler.kind}", flush=True)
+        if cfg.is_retrofit:
+            print(f"[titanloop] retrofit of {cfg.retrofit.hf_path}: {run.n_trainable:,} trainable parameters, "
+                  f"{run.n_params - run.n_trainable:,} frozen | modulation {cfg.retrofit.modulation}", flush=True)
 
 
 if __name__ == "__main__":

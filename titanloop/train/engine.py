@@ -116,7 +116,10 @@ def parallelize(cfg: TrainConfig, model: nn.Module, mesh, param_dtype: torch.dty
 def init_weights(cfg: TrainConfig, model: nn.Module, device, stage_init: bool) -> None:
     """Allocate this rank's shards of the parallelized meta model on `device` and initialize them from the
     seed (titanloop.model.init), or load the previous stage's full weights into them (titanloop.recipe.stages)."""
-    materialize(model, device)
+    if any(p.is_meta for p in model.parameters()):
+        materialize(model, device)
+    else:  # built with real weights (a retrofit of a pretrained checkpoint): keep them
+        model.to(device)
     if stage_init:
         stages.load_stage_weights(model, cfg.stage, stages.previous_stage_state(cfg.stage, model))
 

@@ -84,6 +84,7 @@ class Run:
     n_params: int
     param_dtype: torch.dtype
     state: TrainState = field(default_factory=TrainState)
+    n_trainable: int = 0  # parameters the optimizer updates (all but frozen ones: stage II, retrofit base)
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -125,12 +126,16 @@ def run_dir_has_checkpoint(cfg: TrainConfig) -> bool:
 def build_model(cfg: TrainConfig) -> nn.Module:
     """The LoopLM on the meta device (no memory yet; build_engine allocates each rank's shards after
     parallelizing, titanloop.model.init). Seeded here, so every layout gets the same full weights. Stage II
-    trains only the exit gate (ouro §3.4)."""
+    trains only the exit gate (ouro §3.4). A retrofit run (titanloop.retrofit) loads its pretrained weights instead."""
     torch.manual_seed(cfg.training.seed)
     # Python's and NumPy's global RNGs too (titanloop draws from neither, user code might): checkpoints save and
     # restore them, and a resumed run then matches an uninterrupted one in every saved state.
     random.seed(cfg.training.seed)
     np.random.seed(cfg.training.seed)
+    if cfg.is_retrofit:  # a pretrained HF checkpoint as prelude / recurrent layer / coda, base frozen, real weights
+        from titanloop.retrofit.hf_import import load_retrofit
+
+        return load_retrofit(cfg.retrofit)
     with torch.device("meta"):
         model = LoopLM(cfg.looplm)
     if cfg.objective.name == "stage2_gate":
@@ -159,11 +164,12 @@ def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
     mesh = init_mesh(cfg, comm)
     stage_init = bool(cfg.stage.init_from) and not run_dir_has_checkpoint(cfg)  # else: auto-resume as usual
     model = build_model(cfg)
-    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    unique = {id(p): p for p in model.parameters()}.values()
+    n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
     dtype = param_dtype(cfg, mesh.device_type)
     engine = build_engine(cfg, model, mesh, dtype, stage_init)
     loop_sampler = LoopSampler(cfg.loop_sampler)
     dataloader = build_data(cfg, mesh)
     state = TrainState()
     checkpointer = build_checkpointer(cfg, engine, dataloader, state)
-    return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state)
+    return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, n_trainable)
