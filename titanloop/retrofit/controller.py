@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from titanloop.model.attention import document_positions
 from titanloop.retrofit.config import TARGETS, RetrofitConfig
 
 
@@ -30,11 +31,10 @@ def mean_pool(x: torch.Tensor, doc_ids: torch.Tensor | None, causal: bool) -> to
         csum = x.float().cumsum(1)
         if doc_ids is None:
             return (csum / (pos + 1)[None, :, None]).to(x.dtype)
-        is_start = torch.ones_like(doc_ids, dtype=torch.bool)
-        is_start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-        start = torch.where(is_start, pos[None], torch.zeros_like(pos)[None]).cummax(1).values  # [B, S]
+        in_doc = document_positions(doc_ids)  # [B, S]: index within the token's document
+        start = pos[None] - in_doc
         before = torch.cat([csum.new_zeros(b, 1, d), csum[:, :-1]], 1).gather(1, start[..., None].expand(-1, -1, d))
-        return ((csum - before) / (pos[None] - start + 1)[..., None]).to(x.dtype)
+        return ((csum - before) / (in_doc + 1)[..., None]).to(x.dtype)
     if doc_ids is None:
         return x.mean(1, keepdim=True)
     idx = doc_ids - doc_ids.min(1, keepdim=True).values  # [B, S] in 0..n_docs-1

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from titanloop.config_errors import require
 from titanloop.model import LoopLMOutput, RMSNorm
-from titanloop.model.attention import apply_rope, attention, causal_mask, rope_cos_sin
+from titanloop.model.attention import apply_rope, attention, document_mask, rope_cos_sin
 from titanloop.retrofit.config import RetrofitConfig
 from titanloop.retrofit.controller import build_modulation
 
@@ -201,7 +201,7 @@ class RetrofitLM(nn.Module):
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
         cos, sin = rope_cos_sin(positions, self.shape.head_dim, self.shape.rope_theta, self.embed_tokens.weight.dtype)
-        mask = causal_mask(s, s, input_ids.device, doc_ids) if doc_ids is not None else None
+        mask = document_mask(doc_ids, "auto", self.embed_tokens.weight.dtype) if doc_ids is not None else None
         return cos, sin, mask
 
     def recurrent_step(self, x: torch.Tensor, t: int, cos, sin, mask=None,
