@@ -220,3 +220,23 @@ def test_export_round_trip(dense, tmp_path, modulation, pooling):
         torch.testing.assert_close(back(ids, return_logits="last").logits, ref, rtol=0, atol=0)
     assert {n for n, p in back.named_parameters() if p.requires_grad} == \
         {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_training_config_section_and_checks(dense):
+    """[retrofit] in the training config: the shape comes from the checkpoint; unsupported settings are one line."""
+    from pathlib import Path
+
+    from titanloop.train.config import load_config
+
+    path, _ = dense
+    config = Path(__file__).resolve().parents[1] / "train_configs" / "ouroboros_retrofit.toml"
+    base = ["--retrofit.hf_path", str(path), "--retrofit.n_prelude", "2", "--retrofit.recurrent_layer", "3",
+            "--retrofit.n_coda", "1", "--data.kind", "synthetic_text", "--training.seq_len", "32"]
+    cfg = load_config(config, base, world_size=2)
+    assert cfg.is_retrofit and cfg.looplm.vocab_size == 96 and cfg.looplm.n_prelude_layers == 2
+    for extra, needle in [(["--objective.name", "stage1"], "final_only"), (["--parallelism.tp", "2"], "tensor"),
+                          (["--model.n_loops", "2"], r"no \[model\] keys"),
+                          (["--loop_sampler.n_loops", "20"], "max_loops"),
+                          (["--retrofit.recurrent_layer", "5"], "recurrent_layer")]:
+        with pytest.raises(ConfigError, match=needle):
+            load_config(config, base + extra, world_size=2)

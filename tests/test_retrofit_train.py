@@ -36,7 +36,7 @@ def _args(hf: Path, run_dir: Path) -> list[str]:
             "--training.seq_len", "32", "--training.micro_batch_size", "2", "--training.global_batch_size", "4",
             "--training.steps", str(STEPS), "--training.run_dir", str(run_dir), "--checkpoint.interval", "2",
             "--checkpoint.keep_latest_k", "2", "--lr_scheduler.warmup_steps", "2", "--optimizer.lr", "0.01",
-            "--metrics.wandb", "off", "--metrics.log_freq", "1"]
+            "--metrics.wandb", "off", "--metrics.log_freq", "1", "--metrics.count_comms", "true"]
     for k, v in RETROFIT.items():
         args += [f"--retrofit.{k}", str(v)]
     return args
@@ -103,7 +103,7 @@ def test_only_extras_train_and_are_counted(runs):
     assert sorted(losses) == list(range(1, STEPS + 1))
 
 
-def test_optimizer_state_only_for_trainable(runs):
+def test_optimizer_state_and_gradient_reduction_only_for_trainable(runs):
     from titanloop.checkpoint.safe_reader import read_dcp_metadata
 
     tmp, _ = runs
@@ -111,6 +111,10 @@ def test_optimizer_state_only_for_trainable(runs):
     keys = read_dcp_metadata(root / layout.step_dir_name(layout.latest_step(root)) / ".metadata").state_dict_metadata
     opt = [k for k in keys if k.startswith("optimizer/") and ("exp_avg" in k)]
     assert opt and all(any(m in k for m in ("modulation", "recurrence_gate", "step_norms")) for k in opt), opt
+    # FSDP2 units: 2 prelude layers, the recurrent layer, 1 coda layer, the root. Only the root holds trainable
+    # parameters (controller, gate, step norms), so each step reduce-scatters once, not five times.
+    rows = [json.loads(ln) for ln in (tmp / "uninterrupted" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["comm/reduce_scatter"] for r in rows} == {1}
 
 
 def test_resume_after_kill_matches_uninterrupted(runs):

@@ -92,7 +92,8 @@ def print_summary(run) -> None:
     p = cfg.parallelism
     engine = "fsdp2" if p.engine == "fsdp2" else f"deepspeed ZeRO-{p.zero_stage} offload {p.zero_offload}"
     if mesh.rank == 0:
-        print(f"[titanloop] LoopLM {cfg.model.preset}: {run.n_params:,} parameters | world {mesh.world_size} "
+        what = "RetrofitLM" if cfg.is_retrofit else f"LoopLM {cfg.model.preset}"
+        print(f"[titanloop] {what}: {run.n_params:,} parameters | world {mesh.world_size} "
               f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
               f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
               f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
