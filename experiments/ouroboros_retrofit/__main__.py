@@ -1,6 +1,6 @@
 """Ouroboros retrofit on CPU: pretrain a small dense Qwen2, retrofit it, compare the paper's variants.
 
-    python -m experiments.ouroboros_retrofit [--smoke] [--out runs/experiments/ouroboros_retrofit]
+    python -m experiments.ouroboros_retrofit [--smoke] [--jobs 2] [--reuse-dense] [--out runs/experiments/...]
 
 1. Pretrain a dense 8-layer Qwen2 (transformers' Qwen2ForCausalLM, hidden 64, vocab 128) in process on a 50/50
    mix of two synthetic "domains" sharing one vocabulary and save it with save_pretrained (HF layout):
@@ -16,9 +16,11 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -93,8 +95,14 @@ def pretrain(out_dir, steps: int) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     model.eval().save_pretrained(out_dir)
-    with torch.no_grad():
-        return {k: ce(model(x).logits, x) for k, x in EVAL.items()}
+
+
+@torch.no_grad()
+def evaluate_dense(hf_dir) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
+    return {k: ce(model(x).logits, x) for k, x in EVAL.items()}
 
 
 @torch.no_grad()
@@ -104,6 +112,7 @@ def evaluate(model, n_loops: int) -> dict:
 
 
 def retrofit(hf_dir, run_dir, steps: int, nproc: int, variant: dict) -> dict:
+    """Train one variant through torchrun -m titanloop.train and evaluate its final checkpoint."""
     overrides = {"retrofit.hf_path": str(hf_dir), **{f"retrofit.{k}": v for k, v in {**SPLIT, **SMALL}.items()},
                  **{f"retrofit.{k}": v for k, v in variant.items()}, "loop_sampler.n_loops": variant["n_loops"],
                  "data.kind": "synthetic_text", "data.sources": [], "training.seq_len": SEQ,
@@ -125,12 +134,19 @@ def label(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = common.parse_args(NAME, __doc__.splitlines()[0], argv)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--jobs", type=int, default=2, help="retrofit runs trained at the same time (default 2)")
+    extra.add_argument("--reuse-dense", action="store_true",
+                       help="keep <out>/dense_qwen2 from an earlier invocation instead of pretraining again")
+    mine, rest = extra.parse_known_args(argv if argv is not None else sys.argv[1:])
+    args = common.parse_args(NAME, __doc__.splitlines()[0], rest)
     t0, cpu0 = time.perf_counter(), time.process_time()
     pre_steps, steps = (20, 3) if args.smoke else (1000, 200)
     hf_dir = args.out / "dense_qwen2"
     args.out.mkdir(parents=True, exist_ok=True)
-    dense = pretrain(hf_dir, pre_steps)
+    if not (mine.reuse_dense and (hf_dir / "config.json").is_file()):
+        pretrain(hf_dir, pre_steps)
+    dense = evaluate_dense(hf_dir)
     print(f"dense 8-layer Qwen2 ({time.perf_counter() - t0:.0f}s): {dense}", flush=True)
     base = evaluate(load_retrofit(RetrofitConfig(hf_path=str(hf_dir), **SPLIT, modulation="none",
                                                  gated_recurrence=False, step_norm=False)), 1)
@@ -143,11 +159,11 @@ def main(argv=None) -> int:
         grid = [grid[1], grid[4], grid[-1]]
     rows_out = [{"variant": "full dense model (8 layers)", "depth": "-", **dense},
                 {"variant": "truncated (5 layers), untrained", "depth": 1, **base}]
-    runs = []
-    for i, variant in enumerate(grid):
-        variant = {"pooling": "causal", **variant}
-        r = retrofit(hf_dir, args.out / f"run{i:02d}", steps, args.nproc, variant)
-        runs.append(r)
+    grid = [{"pooling": "causal", **v} for v in grid]
+    with ThreadPoolExecutor(max(1, mine.jobs)) as pool:  # each run is its own torchrun process
+        runs = list(pool.map(lambda iv: retrofit(hf_dir, args.out / f"run{iv[0]:02d}", steps, args.nproc, iv[1]),
+                             enumerate(grid)))
+    for r in runs:
         rows_out.append({"variant": label(r), "depth": r["n_loops"], "in_dist": r["in_dist"],
                          "held_out": r["held_out"], "trainable": r["trainable"]})
         print(rows_out[-1], flush=True)
