@@ -78,9 +78,23 @@ def test_launch_lists_are_read():
     assert any("--dry-run" in cmd for cmd, *_ in readme)
 
 
-def test_every_shipped_launch_starts_at_its_size():
+def _qwen25_3b_config(tmp_path: Path) -> str:
+    """A config.json-only directory with Qwen2.5-3B's shape (the retrofit paper's base model): what the dry run of
+    slurm/ouroboros_retrofit.sh reads; the weights are never touched on the meta device."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                rms_norm_eps=1e-6, tie_word_embeddings=True).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_every_shipped_launch_starts_at_its_size(tmp_path):
     failures, seen = [], set()
+    qwen = _qwen25_3b_config(tmp_path)
     for name, config, world_size, overrides in slurm_launches() + readme_launches():
+        if "[retrofit]" in (REPO / config).read_text():  # needs the user's checkpoint: its config.json stands in
+            overrides = [*overrides, "--retrofit.hf_path", qwen]
         if (config, world_size, tuple(overrides)) in seen:  # the same start as a command already run
             continue
         seen.add((config, world_size, tuple(overrides)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from titanloop.config_errors import ConfigError
-from titanloop.eval.loading import load_dcp_model_weights, published_step_dir
+from titanloop.checkpoint.loading import load_dcp_model_weights, published_step_dir
 from titanloop.retrofit.config import RetrofitConfig
 from titanloop.retrofit.hf_import import read_hf_config
 from titanloop.retrofit.model import RetrofitLM
@@ -20,7 +20,7 @@ def load_retrofit_checkpoint(path) -> RetrofitLM:
     section = (manifest.get("config") or {}).get("retrofit") or {}
     if not section.get("hf_path"):
         raise ConfigError(f"checkpoint {str(step_dir)!r} is not from a retrofit run (its config has no "
-                          "retrofit.hf_path): load it with titanloop.eval.loading.load_model")
+                          "retrofit.hf_path): load it with titanloop.checkpoint.loading.load_model")
     cfg = RetrofitConfig.from_dict(section)
     _, shape = read_hf_config(cfg.hf_path)
     model = RetrofitLM(shape, cfg)

@@ -143,13 +143,15 @@ def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
     report.add(line)
 
 
-def _checkpoint_plan(cfg: TrainConfig, n_params: int, world_size: int, report: DryRunReport) -> None:
+def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_size: int,
+                     report: DryRunReport) -> None:
     from titanloop.checkpoint import CheckpointConfig, layout
     from titanloop.recipe import stages
 
     c, t = cfg.checkpoint, cfg.training
-    # fp32 master weights + two fp32 Adam moments (DCP writes each rank's shards)
-    size = n_params * 4 * (3 if cfg.objective.name != "stage2_gate" else 1)
+    # fp32 weights + two fp32 Adam moments of the trained ones (DCP writes each rank's shards; frozen parameters,
+    # e.g. stage II's LM or a retrofit's base, get no gradient and so no optimizer state)
+    size = n_params * 4 + n_trainable * 8
     if c.enable:
         saves = t.steps // c.interval + (t.steps % c.interval != 0)
         report.add(f"checkpoints: {saves} saves to {t.run_dir}/{CheckpointConfig.folder} (every {c.interval} steps, "
@@ -180,8 +182,9 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
     dp, tp = mesh_degrees(cfg, world_size)
     report = DryRunReport()
     with fake_mesh(cfg, world_size) as mesh:
-        model = build_model(cfg)  # meta
-        n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        model = build_model(cfg, load_weights=False)  # meta
+        unique = {id(p): p for p in model.parameters()}.values()
+        n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
         dtype = param_dtype(cfg, "cuda")  # what the run gets on the GPUs it is meant for
         model = parallelize(cfg, model, mesh, dtype)
         optimizers = build_optimizer(cfg, model, tp)
@@ -189,14 +192,15 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         m = cfg.looplm
         report.add(f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
                    f"(fake backend, rank 0 of {world_size})")
-        report.add(f"model {cfg.model.preset}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
+        what = "RetrofitLM (base frozen)" if cfg.is_retrofit else f"model {cfg.model.preset}"
+        report.add(f"{what}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
                    f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
                    f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
                    f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors")
         report.add("per-rank shapes:")
         _shape_table(model, report)
         _schedules(cfg, lr_schedulers, dp, report)
-        _checkpoint_plan(cfg, n_params, world_size, report)
+        _checkpoint_plan(cfg, n_params, n_trainable, world_size, report)
         _data_plan(cfg, dp, report)
         if memory_plan:
             from titanloop.train.memory_plan import plan_memory

@@ -123,19 +123,26 @@ def run_dir_has_checkpoint(cfg: TrainConfig) -> bool:
     return cfg.checkpoint.enable and layout.latest_step(root) is not None
 
 
-def build_model(cfg: TrainConfig) -> nn.Module:
+def build_model(cfg: TrainConfig, load_weights: bool = True) -> nn.Module:
     """The LoopLM on the meta device (no memory yet; build_engine allocates each rank's shards after
     parallelizing, titanloop.model.init). Seeded here, so every layout gets the same full weights. Stage II
-    trains only the exit gate (ouro §3.4). A retrofit run (titanloop.retrofit) loads its pretrained weights instead."""
+    trains only the exit gate (ouro §3.4). A retrofit run (titanloop.retrofit) loads its pretrained weights instead
+    (load_weights=False: on the meta device from the checkpoint's config.json only, for the dry run)."""
     torch.manual_seed(cfg.training.seed)
     # Python's and NumPy's global RNGs too (titanloop draws from neither, user code might): checkpoints save and
     # restore them, and a resumed run then matches an uninterrupted one in every saved state.
     random.seed(cfg.training.seed)
     np.random.seed(cfg.training.seed)
     if cfg.is_retrofit:  # a pretrained HF checkpoint as prelude / recurrent layer / coda, base frozen, real weights
-        from titanloop.retrofit.hf_import import load_retrofit
+        from titanloop.retrofit.hf_import import load_retrofit, read_hf_config
+        from titanloop.retrofit.model import RetrofitLM
 
-        return load_retrofit(cfg.retrofit)
+        if load_weights:
+            return load_retrofit(cfg.retrofit)
+        with torch.device("meta"):  # the dry run: the shape from config.json only
+            model = RetrofitLM(read_hf_config(cfg.retrofit.hf_path)[1], cfg.retrofit)
+        model.freeze_base()
+        return model
     with torch.device("meta"):
         model = LoopLM(cfg.looplm)
     if cfg.objective.name == "stage2_gate":
