@@ -237,6 +237,7 @@ def test_training_config_section_and_checks(dense):
     for extra, needle in [(["--objective.name", "stage1"], "final_only"), (["--parallelism.tp", "2"], "tensor"),
                           (["--model.n_loops", "2"], r"no \[model\] keys"),
                           (["--loop_sampler.n_loops", "20"], "max_loops"),
-                          (["--retrofit.recurrent_layer", "5"], "recurrent_layer")]:
+                          (["--retrofit.recurrent_layer", "5"], "recurrent_layer"),
+                          (["--parallelism.engine", "deepspeed"], "'fsdp2' for a retrofit run")]:
         with pytest.raises(ConfigError, match=needle):
             load_config(config, base + extra, world_size=2)

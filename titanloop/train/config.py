@@ -416,6 +416,8 @@ def check_retrofit_layout(cfg: TrainConfig, tp: int, max_loops: int) -> None:
 
     r.check_depth(read_hf_config(r.hf_path)[1].n_layers)
     require(tp == 1, "parallelism.tp", tp, "1 for a retrofit run (its model has no tensor-parallel plan)")
+    require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
+            "'fsdp2' for a retrofit run (the DeepSpeed engine is not built or tested for a frozen pretrained base)")
     require(cfg.objective.name == "final_only", "objective.name", cfg.objective.name,
             "'final_only' for a retrofit run (the coda decodes the last recurrence step only)")
     require(cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight, "0 for a retrofit run")
