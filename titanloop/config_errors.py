@@ -6,9 +6,27 @@ so a user can fix a config without reading a traceback.
 
 from __future__ import annotations
 
+import functools
+import sys
+
 
 class ConfigError(ValueError):
     """A configuration or input that cannot work; the message is one line naming the field."""
+
+
+def cli_errors(main):
+    """Decorator for a command's `main`: a ConfigError anywhere in it is printed as one line (`error: ...` on
+    stderr) and the command exits with status 2; anything else propagates."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+
+    return wrapped
 
 
 def require(ok: bool, field: str, got, allowed: str) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from titanloop.config_errors import ConfigError
+from titanloop.config_errors import ConfigError, cli_errors
 from titanloop.model import LoopLM
 
 
@@ -124,6 +124,7 @@ def import_zero_checkpoint(ds_dir, config_path, out_run_dir, tag: str | None = N
     return Path(out_run_dir) / CheckpointConfig.folder / layout.step_dir_name(step)
 
 
+@cli_errors
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m titanloop.interchange.zero_checkpoint", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,11 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="run dir to write <out>/checkpoints/step-N into")
     p.add_argument("--tag", default=None, help="checkpoint tag (default: the one named in `latest`)")
     args, overrides = p.parse_known_args(argv)
-    try:
-        step_dir = import_zero_checkpoint(args.ds_dir, args.config, args.out, args.tag, overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    step_dir = import_zero_checkpoint(args.ds_dir, args.config, args.out, args.tag, overrides)
     print(f"wrote {step_dir}")
     return 0
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from titanloop.config_errors import ConfigError, require_choice
+from titanloop.config_errors import ConfigError, cli_errors, require_choice
 
 ORDERS = ("stack", "interleave")
 _LAYER_KEY = re.compile(r"(^|[./])layers\.(\d+)\.")
@@ -120,6 +120,7 @@ def upcycle_dcp(src: str | Path, dst: str | Path, order: str = "stack", drop_opt
     return dst
 
 
+@cli_errors
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m titanloop.recipe.upcycle",
@@ -135,17 +136,13 @@ def main(argv=None) -> int:
                    help="DCP only: drop optimizer state instead of duplicating it with its layer")
     a = p.parse_args(argv)
     src = Path(a.src)
-    try:
-        if (src / "config.json").is_file() or (src / "latest").is_file() or (src / "titanloop.json").is_file():
-            out = upcycle_hf_dir(src, a.dst, a.order)
-        elif (src / ".metadata").is_file():
-            out = upcycle_dcp(src, a.dst, a.order, a.drop_optimizer)
-        else:
-            raise ConfigError(f"upcycle: {src} is neither an Ouro HF directory (config.json) nor a DCP checkpoint "
-                              "(.metadata)")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if (src / "config.json").is_file() or (src / "latest").is_file() or (src / "titanloop.json").is_file():
+        out = upcycle_hf_dir(src, a.dst, a.order)
+    elif (src / ".metadata").is_file():
+        out = upcycle_dcp(src, a.dst, a.order, a.drop_optimizer)
+    else:
+        raise ConfigError(f"upcycle: {src} is neither an Ouro HF directory (config.json) nor a DCP checkpoint "
+                          "(.metadata)")
     print(f"wrote upcycled checkpoint ({a.order} order) to {out}")
     return 0
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from titanloop.config_errors import ConfigError
+from titanloop.config_errors import cli_errors
 
 
+@cli_errors
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m titanloop.retrofit", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -21,11 +22,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from titanloop.retrofit.export import export_from_checkpoint
 
-    try:
-        out = export_from_checkpoint(args.checkpoint, args.out)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = export_from_checkpoint(args.checkpoint, args.out)
     print(f"wrote {out} (model_type titanloop_retrofit)")
     return 0
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from titanloop.config_errors import ConfigError, require
+from titanloop.config_errors import cli_errors, require
 from titanloop.train.config import TrainConfig, mesh_degrees
 
 # Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
@@ -210,17 +210,14 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
     return report
 
 
+@cli_errors
 def main(config_path: str, overrides: list[str], world_size: int, memory_plan: bool, gpu_mem_gb: float) -> int:
     import sys
 
     from titanloop.train.config import load_config
 
-    try:
-        cfg = load_config(config_path, overrides, world_size=world_size)
-        report = dry_run(cfg, world_size, memory_plan=memory_plan, gpu_mem_gb=gpu_mem_gb)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(config_path, overrides, world_size=world_size)
+    report = dry_run(cfg, world_size, memory_plan=memory_plan, gpu_mem_gb=gpu_mem_gb)
     print(report.text())
     if report.memory_plan is not None and not report.memory_plan.fits:
         print(f"error: {report.memory_plan.verdict}", file=sys.stderr)
