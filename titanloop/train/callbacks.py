@@ -25,6 +25,7 @@ from pathlib import Path
 from torchtitan.tools.utils import GarbageCollection
 
 from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
+from titanloop.parallel.compile import compiled_graphs
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
 
 EXIT_CODE_NONFINITE = 3
@@ -152,6 +153,8 @@ class Metrics(Callback):
                    "mfu": flops / peak if mesh.device_type == "cuda" else None}
         if "jsrr" in per_loop:
             scalars["jsrr"] = per_loop.pop("jsrr")[0]
+        if cfg.parallelism.compile:  # Dynamo graphs compiled so far in this process: constant once warm
+            scalars["compiled_graphs"] = compiled_graphs()
         scalars.update({f"comm/{kind}": n for kind, n in sorted(result.comms.items())})
         self.logger.log(result.step, scalars, per_loop)
 
