@@ -49,3 +49,20 @@ def test_table_and_exit_status():
     assert gc.exit_status([checks[0], checks[2]]) == 0
     assert gc.exit_status([checks[2]]) == 1  # only hooks: nothing was checked
 
+
+
+def test_memory_plan_check_verdicts():
+    assert gc.memory_plan_check("m", 10.0, 9.0).ok  # +11%: within 15%
+    assert gc.memory_plan_check("m", 12.0, 10.0).ok is False  # +20%
+    assert gc.memory_plan_check("m", 7.0, 10.0).ok is False  # -30%: the plan is too pessimistic, also a FAIL
+    missing = gc.memory_plan_check("m", None, 10.0)
+    assert missing.ok is False and "missing" in missing.detail  # a run that logged no peak is not a pass
+
+
+def test_planned_peak_of_the_gpu_check_runs(tmp_path):
+    """The memory plan accepts exactly the training arguments gpu_check uses (compile on, 2 GPUs) and grows with the
+    sequence length and the loop count (activations), so the check compares against a real plan."""
+    base = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 256, 2), 2)
+    longer = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 1024, 2), 2)
+    deeper = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 8, 1024, 2), 2)
+    assert 0 < base < longer < deeper, (base, longer, deeper)

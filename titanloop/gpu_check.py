@@ -10,8 +10,9 @@ Checks, in order:
   train T=4, T=8  `torchrun -m titanloop.train` on all local GPUs (FSDP2, bf16 params, fp32 reduce, compile,
                   document masking): 50 steps each; prints tokens/s/GPU and MFU (FLOPs from
                   LoopLMConfig.flops_per_token, every loop counted) and the peak memory
-  memory plan     peak memory vs the memory plan: a HOOK until the memory plan (issue 12) lands; reported as
-                  "n/a", never as PASS
+  memory plan     each training run's peak GPU memory (torch.cuda.max_memory_allocated, logged by the trainer as
+                  max_mem_gib) vs the memory plan of the same config at the same world size
+                  (titanloop.train.memory_plan, what `--dry-run --memory-plan` prints): within MEMORY_PLAN_RTOL
 
 The model is the Ouro 1.4B shape when the smallest free GPU memory allows it, else a smaller shape
 (`pick_model`). Without CUDA it prints one line and exits 1. Only the logic that needs no GPU is tested here
@@ -33,6 +34,7 @@ from titanloop.model.config import LoopLMConfig, preset
 
 VARLEN_TOL = 2e-2  # bf16 kernels vs fp32 reference, unit-variance inputs
 BF16_RTOL = 2e-2
+MEMORY_PLAN_RTOL = 0.15  # the plan's stated accuracy (tests/test_memory_plan.py checks it on CPU)
 STEPS = 50
 GIB = 1024 ** 3
 # (preset, overrides) from the largest down; bytes per parameter of training state per GPU (fp32 master + Adam
@@ -80,6 +82,40 @@ def throughput(rows: list[dict], cfg: LoopLMConfig, seq_len: int, n_gpus: int, n
     tok_s = sum(r["tokens_per_s"] for r in rows) / len(rows)
     mfu = tok_s * cfg.flops_per_token(seq_len, n_loops=n_loops) / (peak_flops * n_gpus)
     return tok_s / n_gpus, mfu
+
+
+TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "train_configs" / "debug.toml"
+
+
+def train_args(run_dir: Path, name: str, overrides: dict, n_loops: int, seq_len: int, n_gpus: int) -> list[str]:
+    """Overrides of TRAIN_CONFIG for one gpu_check training run (also what its memory plan is computed for)."""
+    args = ["--model.vocab_size", "49152", "--training.run_dir", str(run_dir), "--training.steps", str(STEPS),
+            "--training.seq_len", str(seq_len), "--training.micro_batch_size", "1", "--training.global_batch_size",
+            str(n_gpus), "--model.preset", name, "--model.n_loops", str(n_loops), "--loop_sampler.n_loops",
+            str(n_loops), "--parallelism.compile", "true", "--metrics.log_freq", "5", "--metrics.wandb", "off",
+            "--checkpoint.enable", "false"]
+    for key, value in overrides.items():
+        args += [f"--model.{key}", str(value)]
+    return args
+
+
+def memory_plan_check(label: str, measured_gib: float | None, planned_gib: float | None) -> Check:
+    """Measured peak vs planned peak (GiB): PASS within MEMORY_PLAN_RTOL of the plan."""
+    if measured_gib is None or planned_gib is None:
+        return Check(label, False, f"missing: measured {measured_gib}, planned {planned_gib}")
+    rel = measured_gib / planned_gib - 1
+    return Check(label, abs(rel) <= MEMORY_PLAN_RTOL,
+                 f"measured {measured_gib:.2f} GiB, planned {planned_gib:.2f} GiB ({100 * rel:+.0f}%, "
+                 f"tol {100 * MEMORY_PLAN_RTOL:.0f}%)")
+
+
+def planned_peak_gib(config: Path, args: list[str], n_gpus: int) -> float:
+    """The memory plan's peak (GiB per GPU) of `config` + `args` at `n_gpus` ranks (fake backend, meta tensors)."""
+    from titanloop.train.config import load_config
+    from titanloop.train.dry_run import dry_run
+
+    cfg = load_config(config, args, world_size=n_gpus)
+    return dry_run(cfg, n_gpus, memory_plan=True).memory_plan.peak / GIB
 
 
 def format_table(checks: list[Check]) -> str:
@@ -155,16 +191,9 @@ def _train(n_gpus: int, name: str, overrides: dict, n_loops: int, seq_len: int, 
     from titanloop.train.metrics import H100_BF16_PEAK_FLOPS
 
     run_dir = workdir / f"T{n_loops}"
-    args = ["--training.run_dir", str(run_dir), "--training.steps", str(STEPS), "--training.seq_len", str(seq_len),
-            "--training.micro_batch_size", "1", "--training.global_batch_size", str(n_gpus),
-            "--model.preset", name, "--model.n_loops", str(n_loops), "--loop_sampler.n_loops", str(n_loops),
-            "--parallelism.compile", "true", "--metrics.log_freq", "5", "--metrics.wandb", "off",
-            "--checkpoint.enable", "false"]
-    for key, value in overrides.items():
-        args += [f"--model.{key}", str(value)]
-    config = Path(__file__).resolve().parents[1] / "train_configs" / "debug.toml"
+    args = train_args(run_dir, name, overrides, n_loops, seq_len, n_gpus)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n_gpus}",
-           "-m", "titanloop.train", "--config", str(config), "--model.vocab_size", "49152", *args]
+           "-m", "titanloop.train", "--config", str(TRAIN_CONFIG), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     label = f"train T={n_loops}"
     if proc.returncode != 0:
@@ -172,9 +201,15 @@ def _train(n_gpus: int, name: str, overrides: dict, n_loops: int, seq_len: int, 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     cfg = preset(name, **overrides, n_loops=n_loops)
     tok_s, mfu = throughput(rows, cfg, seq_len, n_gpus, n_loops, H100_BF16_PEAK_FLOPS)
+    try:
+        planned = planned_peak_gib(TRAIN_CONFIG, args, n_gpus)
+    except Exception as e:  # noqa: BLE001 - reported as a FAIL row
+        return [Check(label, True, f"{tok_s:,.0f} tokens/s/GPU"),
+                Check(f"memory plan T={n_loops}", False, f"plan failed: {type(e).__name__}: {e}"[:200])]
     return [Check(label, True, f"{name} {overrides or ''} {tok_s:,.0f} tokens/s/GPU, MFU {100 * mfu:.1f}% "
                                f"(H100 bf16 peak), loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}"),
-            Check(f"memory plan T={n_loops}", None, "hook: compare peak memory with the memory plan (issue 12)")]
+            memory_plan_check(f"memory plan T={n_loops}", max(r.get("max_mem_gib") or 0 for r in rows) or None,
+                              planned)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torchtitan.tools.utils import GarbageCollection
 
 from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
@@ -153,6 +154,8 @@ class Metrics(Callback):
                    "mfu": flops / peak if mesh.device_type == "cuda" else None}
         if "jsrr" in per_loop:
             scalars["jsrr"] = per_loop.pop("jsrr")[0]
+        if mesh.device_type == "cuda":  # this rank's peak since start (gpu_check compares it with the memory plan)
+            scalars["max_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if cfg.parallelism.compile:  # Dynamo graphs compiled so far in this process: constant once warm
             scalars["compiled_graphs"] = compiled_graphs()
         scalars.update({f"comm/{kind}": n for kind, n in sorted(result.comms.items())})
