@@ -94,9 +94,10 @@ def to_report(res: dict, command: str) -> dict:
         "summary": [
             {"row": f"compiled / eager step time, {shape}", "measured": round(res["step_time_ratio"], 3),
              "target": None, "met": None},
-            {"row": "compile time of the first step (s, CPU; on GPU it differs)", "measured": round(res["compile_s"], 1),
-             "target": None, "met": None},
-            {"row": f"graphs recompiled when T changes ({res['n_loops']} -> {', '.join(map(str, res['other_loops']))})",
+            {"row": "compile time of the first step (s, CPU; on GPU it differs)",
+             "measured": round(res["compile_s"], 1), "target": None, "met": None},
+            {"row": f"graphs recompiled when T changes ({res['n_loops']} -> "
+                    f"{', '.join(map(str, res['other_loops']))})",
              "measured": res["graphs_after_other_loop_counts"] - res["graphs_after_first_step"], "target": "= 0",
              "met": res["graphs_after_other_loop_counts"] == res["graphs_after_first_step"]},
         ],

@@ -72,3 +72,19 @@ def test_document_masking_counts_fewer_attention_flops_than_causal():
     # the attention term alone scales with the attended keys: 4096 causal vs four 1024-token documents
     no_attn = causal - 3 * 4 * 2 * 2 * 2 * 64 * (4096 + 1) / 2
     assert (docs - no_attn) / (causal - no_attn) == pytest.approx((1024 + 1) / (4096 + 1))
+
+
+def test_trainer_mfu_counts_the_documents_of_the_batch():
+    """The trainer's MFU (titanloop.train.callbacks.Metrics) counts attention over the packed documents of the
+    step's batches (document_lengths of the CPU batch), not over the full causal square."""
+    from titanloop.model.attention import document_lengths
+    from titanloop.model.config import attended_keys_per_token
+
+    doc_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [5, 5, 5, 5, 5, 5, 5, 5]])
+    lengths = document_lengths(doc_ids)
+    assert lengths == [3, 2, 3, 8]
+    assert attended_keys_per_token(8, lengths) == (6 + 3 + 6 + 36) / 16 < attended_keys_per_token(8) == 4.5
+    from titanloop.model import preset
+
+    cfg = preset("debug-tiny")
+    assert cfg.flops_per_token(8, doc_lengths=lengths) < cfg.flops_per_token(8)

@@ -112,6 +112,11 @@ def cu_seqlens(doc_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([starts, end]).to(torch.int32)
 
 
+def document_lengths(doc_ids: torch.Tensor) -> list[int]:
+    """Lengths of the packed documents of a [B, S] batch, row by row (what the MFU count attends over)."""
+    return cu_seqlens(doc_ids).diff().tolist()
+
+
 @dataclass
 class DocumentMask:
     """Causal attention restricted to packed documents, without a dense [S, S] mask.

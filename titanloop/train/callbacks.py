@@ -26,6 +26,7 @@ import torch
 from torchtitan.tools.utils import GarbageCollection
 
 from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
+from titanloop.model.config import attended_keys_per_token
 from titanloop.parallel.compile import compiled_graphs
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
 
@@ -46,6 +47,7 @@ class StepResult:
     nonfinite_grad_norm: float | None = None  # set when the gradient norm was NaN/Inf (the step was skipped)
     nonfinite_grads: list = field(default_factory=list)  # skipped steps: parameters with a non-finite local grad
     comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
+    doc_lengths: list = field(default_factory=list)  # this rank's packed documents (empty: plain causal attention)
 
     @property
     def skipped(self) -> bool:
@@ -146,12 +148,15 @@ class Metrics(Callback):
         per_loop = dict(result.per_loop)
         seq_len = cfg.training.seq_len
         tokens = run.dataloader.batch_at(result.step - 1) * seq_len
-        flops = cfg.looplm.flops_per_token(seq_len, n_loops=result.n_loops) * tokens / result.seconds
+        doc_lengths = result.doc_lengths or None  # None: plain causal attention
+        flops = cfg.looplm.flops_per_token(seq_len, n_loops=result.n_loops, doc_lengths=doc_lengths)
+        flops *= tokens / result.seconds
         peak = H100_BF16_PEAK_FLOPS * mesh.world_size
         scalars = {"loss": result.loss, "n_loops": result.n_loops, "gate_entropy": per_loop.pop("gate_entropy")[0],
                    "grad_norm": result.grad_norm, "lr": result.lr, "tokens_per_s": tokens / result.seconds,
                    "tflops": flops / 1e12, "skipped_steps": run.state.skipped_steps,
-                   "mfu": flops / peak if mesh.device_type == "cuda" else None}
+                   "mfu": flops / peak if mesh.device_type == "cuda" else None,
+                   "attended_keys": attended_keys_per_token(seq_len, doc_lengths)}
         if "jsrr" in per_loop:
             scalars["jsrr"] = per_loop.pop("jsrr")[0]
         if mesh.device_type == "cuda":  # this rank's peak since start (gpu_check compares it with the memory plan)

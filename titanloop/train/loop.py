@@ -18,6 +18,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from titanloop.model.attention import document_lengths
 from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
@@ -51,8 +52,12 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         engine.zero_grad()
         lr = engine.lr()
         loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
+        doc_lengths = []  # packed documents of this rank's micro-batches (MFU counts the keys they attend to)
         for i in range(accum):
-            loss, stats = forward_objective(run, next(batches), n_loops)
+            batch = next(batches)
+            if cfg.training.doc_masking:
+                doc_lengths += document_lengths(batch["doc_ids"])  # a CPU tensor: no device sync
+            loss, stats = forward_objective(run, batch, n_loops)
             engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
             if state.step in cfg.training.inject_nan_grad_steps and run.mesh.rank == run.mesh.world_size - 1:
                 next(p for p in engine.model.parameters() if p.grad is not None).grad.mul_(float("nan"))  # testing aid
@@ -60,7 +65,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
             stats = {k: v / accum for k, v in stats.items()}
             stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
         loss, per_loop = mean_over_ranks(loss_sum, stats_sum, run.mesh)
-        result = StepResult(state.step, n_loops, loss, per_loop, lr)
+        result = StepResult(state.step, n_loops, loss, per_loop, lr, doc_lengths=doc_lengths)
         if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
             max_norm = cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
             grad_norm = float(engine.step(max_norm))  # a non-finite norm: no optimizer/LR step was taken
