@@ -2,9 +2,10 @@
 titanloop.train`, gloo, CPU) with `parallelism.compile = true` and the inductor backend (C++ codegen with the
 local gcc), together with FSDP2 and per-loop activation checkpointing.
 
-Three launches share the assertions:
+Four launches share the assertions (~55 s in all):
 - stage A eager and stage A compiled: 20 steps at T = 8 from the same seed; the compiled run's loss follows the
   eager one at every step (tolerance below);
+- stage A eager with bf16 parameters and fp32 gradient reduction (mixed precision) against the fp32 eager run;
 - stage B compiled: a new stage started from stage A's compiled checkpoint (the Ouro 8 -> 4 transition) with the
   loop count sampled per step (uniform in 2..4).
 Recompilation check: the trainer logs `compiled_graphs` (Dynamo's count of graphs compiled in the process) at
@@ -31,7 +32,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
 LOSS_TOL = 2e-3
-BF16_STEP1_RTOL = 1e-2  # placeholder, set from the measurement below
+# bf16 vs fp32 (relative loss difference). Step 1 runs the same fp32 master weights rounded to bf16 for compute:
+# measured 3.7e-5 (errors of 2^-8 per weight average out over the loss); allowed 1e-3. Later steps also carry the
+# different updates; measured at most 1.7e-2 over 20 steps (2026-11-24); allowed 5e-2.
+BF16_STEP1_RTOL = 1e-3
 BF16_RTOL = 5e-2
 COMMON = ["--config", str(REPO / "train_configs" / "debug.toml"), "--training.seq_len", "32",
           "--training.micro_batch_size", "2", "--training.global_batch_size", "4", "--metrics.log_freq", "1",
