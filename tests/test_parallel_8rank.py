@@ -5,10 +5,12 @@ small looped model (train_configs/debug.toml: 2 shared layers x 4 loops), same s
 Tolerance: both runs are fp32; they differ only in reduction order (the 8-rank run accumulates 2 micro-batches
 per rank, reduce-scatters gradients over 4 data-parallel ranks and sums TP partial products over 2; the 1-process
 run accumulates 4 micro-batches), and the seeded init gives both the same full weights (titanloop.model.init).
-Such rounding differences grow slowly with the optimizer steps; tests/test_parallel_layouts.py measured <= 6e-6
-(loss, abs) and 4.7e-6 (grad norm, rel) over 4 steps at up to 4 ranks. Over 10 steps at 8 ranks we allow 1e-4
-absolute on the loss and 1e-4 relative on the gradient norm (a wrong shard, a missing reduction or a
-double-counted micro-batch moves them by > 1e-2).
+- Step 1 (same weights, no optimizer step yet) checks the sharded forward, backward and gradient reduction alone:
+  loss within 1e-5 and gradient norm within 1e-5 relative (measured: identical to the last digit).
+- Steps 2-10: AdamW at lr 1e-2 turns float-rounding differences of tiny gradients into lr-sized updates, so the
+  runs drift apart slowly (measured 2026-11-24: loss 1e-6 at step 2 growing to 1.8e-4 at step 10, gradient norm
+  up to 6.1e-4 relative); allowed: 1e-3 absolute on the loss and 2e-3 relative on the gradient norm. A wrong
+  shard, a missing or doubled reduction or a lost micro-batch changes the step-1 gradient norm by > 1e-2.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 10
-LOSS_TOL = 1e-4
-GRAD_NORM_RTOL = 1e-4
+STEP1_TOL = 1e-5  # loss (abs) and gradient norm (rel) before any optimizer step
+LOSS_TOL = 1e-3  # steps 2-10 (abs)
+GRAD_NORM_RTOL = 2e-3  # steps 2-10 (rel)
 COMMON = ["--config", str(REPO / "train_configs" / "debug.toml"), "--training.seq_len", "32",
           "--training.global_batch_size", "8", "--training.steps", str(STEPS), "--metrics.log_freq", "1",
           "--lr_scheduler.warmup_steps", "2", "--checkpoint.enable", "false"]
@@ -62,8 +65,10 @@ def test_eight_rank_layout_is_dp4_tp2(runs):
 def test_fsdp_x_tp_at_8_ranks_matches_one_process_for_10_steps(runs):
     one, eight, _ = runs
     # the weights moved (10 optimizer steps): the per-step values compared below are not constants
-    assert max(abs(one[s]["loss"] - one[1]["loss"]) for s in one) > 100 * LOSS_TOL
+    assert max(abs(one[s]["loss"] - one[1]["loss"]) for s in one) > 50 * LOSS_TOL
     worst = {"loss": 0.0, "grad_norm": 0.0}
+    assert eight[1]["loss"] == pytest.approx(one[1]["loss"], rel=0, abs=STEP1_TOL), (one[1], eight[1])
+    assert eight[1]["grad_norm"] == pytest.approx(one[1]["grad_norm"], rel=STEP1_TOL, abs=0), (one[1], eight[1])
     for step in range(1, STEPS + 1):
         a, b = one[step], eight[step]
         worst["loss"] = max(worst["loss"], abs(a["loss"] - b["loss"]))
