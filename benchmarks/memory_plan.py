@@ -103,7 +103,7 @@ def main(argv=None) -> int:
 
         rows = [ast.literal_eval(line) for line in Path(args.rows_from).read_text().splitlines()
                 if line.startswith("['ouro-")]
-    for name, config, world in slurm_stages(REPO):
+    for name, config, world in slurm_stages(REPO, retrofit=False):
         cfg = load_config(REPO / config, [], world_size=world)
         if args.quick and cfg.model.preset != "ouro-1.4b":
             continue

@@ -70,7 +70,7 @@ def main() -> int:
               "of 2 layers x 2 micro-batches as extrapolated (fixed + per layer + surcharge per looped layer)":
               all(runs["2 layers, 2 micro-batches"][k] == predicted[k] for k in keys)}
     rows = []
-    for name, config, world in slurm_stages(REPO):
+    for name, config, world in slurm_stages(REPO, retrofit=False):
         cfg = load_config(REPO / config, [], world_size=world)
         if cfg.parallelism.tp != 1 or cfg.looplm.hidden_size != 2048:
             continue  # TP stages also move activations: not covered by this extrapolation

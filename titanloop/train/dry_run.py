@@ -25,9 +25,10 @@ _SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layer
                "layers.0.mlp.down_proj.weight", "lm_head.weight")
 
 
-def slurm_stages(repo: Path) -> list[tuple[str, str, int]]:
+def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int]]:
     """(script name, stage config, world size) of every slurm/*.sh stage script, at its `#SBATCH --nodes` x
-    `--gres=gpu:N` (the size it asks for)."""
+    `--gres=gpu:N` (the size it asks for). retrofit=False leaves out retrofit runs (a [retrofit] section: their
+    shape comes from a user's pretrained checkpoint, not from the config)."""
     import re
 
     out = []
@@ -35,6 +36,8 @@ def slurm_stages(repo: Path) -> list[tuple[str, str, int]]:
         text = script.read_text()
         config = re.search(r"^STAGE_CONFIG=(\S+)", text, re.M)
         if config is None:  # common.sh, launch_node.sh, local_cluster.sh
+            continue
+        if not retrofit and "[retrofit]" in (Path(repo) / config.group(1)).read_text():
             continue
         nodes = re.search(r"^#SBATCH --nodes=(\d+)", text, re.M)
         gpus = re.search(r"^#SBATCH --gres=gpu:(\d+)", text, re.M)
