@@ -103,10 +103,11 @@ def main(argv=None) -> int:
 
         rows = [ast.literal_eval(line) for line in Path(args.rows_from).read_text().splitlines()
                 if line.startswith("['ouro-")]
-    for name, config, world in slurm_stages(REPO, retrofit=False):
-        cfg = load_config(REPO / config, [], world_size=world)
-        if args.quick and cfg.model.preset != "ouro-1.4b":
-            continue
+    for name, config, world, overrides in slurm_stages(REPO, retrofit=False):
+        cfg = load_config(REPO / config, overrides, world_size=world)
+        if (args.quick and cfg.model.preset != "ouro-1.4b") or cfg.parallelism.engine != "fsdp2" or \
+                cfg.parallelism.tp != 1:
+            continue  # the plan measures the FSDP2 step, without TP (see titanloop.train.memory_plan)
         r = extrapolated(measured(str(REPO / config), [], world), cfg.looplm.n_layers)
         t = cfg.training
         stage_rows.append([name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",

@@ -70,8 +70,8 @@ def main() -> int:
               "of 2 layers x 2 micro-batches as extrapolated (fixed + per layer + surcharge per looped layer)":
               all(runs["2 layers, 2 micro-batches"][k] == predicted[k] for k in keys)}
     rows = []
-    for name, config, world in slurm_stages(REPO, retrofit=False):
-        cfg = load_config(REPO / config, [], world_size=world)
+    for name, config, world, overrides in slurm_stages(REPO, retrofit=False):
+        cfg = load_config(REPO / config, overrides, world_size=world)
         if cfg.parallelism.tp != 1 or cfg.looplm.hidden_size != 2048 or cfg.parallelism.engine != "fsdp2":
             continue  # TP stages also move activations, DeepSpeed's ZeRO other buffers: not extrapolated here
         t = cfg.training

@@ -28,7 +28,7 @@ def _sbatch_directive(text: str, pattern: str) -> int:
 
 def slurm_launches() -> list[tuple[str, str, int, list[str]]]:
     """(name, config, world size, overrides) of every stage script at its #SBATCH size."""
-    return [(name, config, world, []) for name, config, world in slurm_stages(REPO)]
+    return slurm_stages(REPO)
 
 
 def _commands(markdown: str) -> list[str]:
@@ -69,6 +69,9 @@ def readme_launches() -> list[tuple[str, str, int, list[str]]]:
 def test_launch_lists_are_read():
     """The parsers above find what the repo ships (so the dry-run test below cannot pass vacuously)."""
     names = {name for name, *_ in slurm_launches()}
+    # a script's own overrides are part of what it launches (the DeepSpeed script sets the engine this way)
+    assert {"--parallelism.engine", "deepspeed"} <= {w for name, _, _, over in slurm_launches() for w in over
+                                                     if name == "deepspeed_zero3.sh"}
     assert {"stage1a.sh", "stage1b_1p4b.sh", "stage1b_2p6b_upcycle.sh", "stage2_ct_anneal.sh", "stage3_longct.sh",
             "stage4_midtrain.sh", "gate_stage2.sh"} <= names
     readme = readme_launches()

@@ -25,11 +25,13 @@ _SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layer
                "layers.0.mlp.down_proj.weight", "lm_head.weight")
 
 
-def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int]]:
-    """(script name, stage config, world size) of every slurm/*.sh stage script, at its `#SBATCH --nodes` x
-    `--gres=gpu:N` (the size it asks for). retrofit=False leaves out retrofit runs (a [retrofit] section: their
-    shape comes from a user's pretrained checkpoint, not from the config)."""
+def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int, list[str]]]:
+    """(script name, stage config, world size, overrides) of every slurm/*.sh stage script, at its
+    `#SBATCH --nodes` x `--gres=gpu:N` (the size it asks for), with the overrides the script itself passes
+    (`set -- --section.key value ... "$@"`, e.g. the DeepSpeed engine settings). retrofit=False leaves out
+    retrofit runs (a [retrofit] section: their shape comes from a user's pretrained checkpoint)."""
     import re
+    import shlex
 
     out = []
     for script in sorted((Path(repo) / "slurm").glob("*.sh")):
@@ -42,7 +44,9 @@ def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int]
         nodes = re.search(r"^#SBATCH --nodes=(\d+)", text, re.M)
         gpus = re.search(r"^#SBATCH --gres=gpu:(\d+)", text, re.M)
         require(nodes is not None and gpus is not None, str(script), "?", "#SBATCH --nodes=N and --gres=gpu:G lines")
-        out.append((script.name, config.group(1), int(nodes.group(1)) * int(gpus.group(1))))
+        fixed = re.search(r'^set -- (.*?)"\$@"', text.replace("\\\n", " "), re.M)
+        overrides = shlex.split(fixed.group(1)) if fixed else []
+        out.append((script.name, config.group(1), int(nodes.group(1)) * int(gpus.group(1)), overrides))
     return out
 
 
@@ -200,6 +204,10 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
                    f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
                    f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
                    f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors")
+        if cfg.parallelism.engine != "fsdp2":
+            report.warnings.append(f"parallelism.engine={cfg.parallelism.engine!r}: its settings and the schedules are "
+                                   "checked, but the mesh and per-rank shapes shown are FSDP2's (ZeRO partitions its "
+                                   "own way) and --memory-plan is refused")
         report.add("per-rank shapes:")
         _shape_table(model, report)
         _schedules(cfg, lr_schedulers, dp, report)

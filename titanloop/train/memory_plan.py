@@ -143,6 +143,8 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
     """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
     from titanloop.config_errors import require
 
+    require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
+            "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)")
     # the mixed-mesh gradient clipping of TP reads a value (data-dependent): it cannot run on fake tensors yet
     require(mesh.dims.tp == 1, "parallelism.tp", mesh.dims.tp, "1 for --memory-plan (tensor-parallel plans are "
             "not supported yet; run the dry run without --memory-plan)")
