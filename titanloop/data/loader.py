@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 
 import numpy as np
@@ -228,7 +229,10 @@ class PackedLoader:
     def _shutdown(self) -> None:
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=300)  # it stops after the batch it is building (bounded work)
+            if self._thread.is_alive():
+                print(f"[titanloop] warning: data prefetch thread {self._thread.name} did not stop within 300 s",
+                      file=sys.stderr, flush=True)
             self._thread = None
         self._gen = None
         self._queue = None

@@ -87,6 +87,10 @@ class Run:
     n_trainable: int = 0  # parameters the optimizer updates (all but frozen ones: stage II, retrofit base)
 
     def close(self) -> None:
+        # Stop the loader's prefetch thread before the interpreter shuts down: a thread still building a batch
+        # during teardown can abort the process after a successful run ("terminate called without an active
+        # exception", seen in CI).
+        self.dataloader.close()
         self.checkpointer.close()
 
 
