@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor
 
 
@@ -35,6 +36,8 @@ def clip_grad_norm_(parameters, max_norm: float, foreach: bool = False) -> torch
             norm = norm.full_tensor()
         total_sq += norm.float().cpu() ** 2
     total = total_sq.sqrt()
+    if is_fake(total):  # the dry run's memory plan: no value to read; scaling in place allocates nothing
+        return total
     coef = float(max_norm) / (float(total) + 1e-6)
     if coef < 1.0:
         for g in grads:

@@ -145,9 +145,6 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
 
     require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
             "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)")
-    # the mixed-mesh gradient clipping of TP reads a value (data-dependent): it cannot run on fake tensors yet
-    require(mesh.dims.tp == 1, "parallelism.tp", mesh.dims.tp, "1 for --memory-plan (tensor-parallel plans are "
-            "not supported yet; run the dry run without --memory-plan)")
     from titanloop.train.startup import param_dtype
 
     # Document masking is planned as causal attention (same memory with flash varlen; fake tensors cannot run
