@@ -9,7 +9,7 @@ from titanloop.data import DataConfig, build_dataloader
 from titanloop.data.synthetic_tasks import TaskSource, answer_accuracy, build_task, eval_batches, eval_examples
 
 TASKS = {"mano": {"max_ops": 4}, "addition": {"n_digits": 3}, "xor": {"n_bits": 12, "eval_n_bits": 16},
-         "chain": {}, "multihop": {}}
+         "chain": {}, "multihop": {}, "compose": {}}
 
 
 def prefix_eval(words, p=23):
@@ -48,6 +48,12 @@ def check_answer(task, prompt, answer):
             node, hops = binding[node], hops + 1
         assert ans == [node] and node in task.values
         assert 1 <= hops <= max(task.hops, task.eval_hops)
+    elif task.name == "compose":  # apply the relations left to right through the world's one-hop facts
+        assert words[0] == "<bos>" and words[-1] == "="
+        entity = int(words[1][1:])
+        for r in words[2:-1]:
+            entity = int(task.relation_maps[int(r[1:]), entity])
+        assert ans == [f"e{entity}"] and 1 <= len(words) - 3 <= max(task.hops, task.eval_hops)
     else:  # multihop: follow the relations through the one-hop facts the task teaches
         facts = {}
         for layer in range(task.n_layers - 1):

@@ -15,6 +15,9 @@ Tasks (each example is a prompt and an answer; only the answer is a training tar
             (person, relation) points to a random person in the next layer; questions
             `<bos> who is the r3 of the r2 of the r1 of p ? answer :` -> `q`, plus the 8,000 one-hop facts
             `<bos> the r of p is q .` (fully supervised) mixed into training.
+  compose   composition of fixed relations (permutations of entities learned in the weights), read left to right:
+            `<bos> e5 r2 r0 r7 =` -> `r7(r0(r2(e5)))`; training depths 1..hops, eval at eval_hops; the deepest
+            questions are too many to memorize.
 
 Held-out split: an example belongs to the eval split iff a hash of its prompt falls in the eval bucket
 (`eval_fraction`); training generation rejects those prompts, so train and eval can never share a prompt.
@@ -274,7 +277,52 @@ class MultiHopTask(Task):
         return 3 + 3 * self.HOPS + 4 + 1 + 1
 
 
-TASKS = {"mano": ManoTask, "addition": AdditionTask, "xor": XorTask, "chain": ChainTask, "multihop": MultiHopTask}
+class ComposeTask(Task):
+    """Composition of fixed relations, read left to right: `<bos> e5 r2 r0 r7 =` -> `r7(r0(r2(e5)))`.
+
+    The "world" (seeded by `world_seed`) has `n_relations` relations, each a random permutation of `n_entities`
+    entities: n_relations * n_entities one-hop facts, learned in the weights. A question of depth d applies d
+    relations to an entity, left to right; training depths are uniform in [1, hops], the eval split asks depth
+    `eval_hops` (default hops) and is held out by a hash of the prompt. With n_relations ** hops * n_entities
+    distinct deepest questions (8 ** 4 * 32 = 131,072 by default) they cannot be memorized: every answer is a
+    composition of one-hop facts. A shared block looped T times can apply one relation per loop along the
+    sequence (the state after r_i at r_i's position); n distinct layers run once only about n.
+    """
+
+    name = "compose"
+
+    def __init__(self, seed: int, n_entities: int = 32, n_relations: int = 8, hops: int = 4,
+                 eval_hops: int | None = None, world_seed: int = 1234):
+        require(n_entities >= 2, "data.task_options.n_entities", n_entities, "an integer >= 2")
+        require(n_relations >= 1, "data.task_options.n_relations", n_relations, "an integer >= 1")
+        require(hops >= 1, "data.task_options.hops", hops, "an integer >= 1")
+        self.n_entities, self.n_relations, self.hops = n_entities, n_relations, hops
+        self.eval_hops = eval_hops or hops
+        require(1 <= self.eval_hops <= 64, "data.task_options.eval_hops", eval_hops, "an integer in [1, 64]")
+        world = np.random.default_rng(world_seed)
+        self.relation_maps = np.stack([world.permutation(n_entities) for _ in range(n_relations)])
+        self.entities = [f"e{i}" for i in range(n_entities)]
+        self.relations = [f"r{i}" for i in range(n_relations)]
+        super().__init__(["="] + self.relations + self.entities, seed)
+
+    def answer(self, entity: int, relations: list[int]) -> int:
+        for r in relations:
+            entity = int(self.relation_maps[r, entity])
+        return entity
+
+    def generate(self, rng, split):
+        depth = self.eval_hops if split == "eval" else int(rng.integers(1, self.hops + 1))
+        x = int(rng.integers(self.n_entities))
+        rels = rng.integers(self.n_relations, size=depth).tolist()
+        words = ["<bos>", self.entities[x]] + [self.relations[r] for r in rels] + ["="]
+        return self.encode(words), self.encode([self.entities[self.answer(x, rels)]])
+
+    def max_example_len(self):
+        return 3 + max(self.hops, self.eval_hops) + 1 + 1
+
+
+TASKS = {"mano": ManoTask, "addition": AdditionTask, "xor": XorTask, "chain": ChainTask, "multihop": MultiHopTask,
+         "compose": ComposeTask}
 
 
 def build_task(name: str, seed: int = 0, **options) -> Task:
