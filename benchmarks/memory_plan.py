@@ -4,11 +4,16 @@ at its sbatch size. Writes benchmarks/results/memory_plan.json.
     python benchmarks/memory_plan.py [--quick]
 
 Each entry is the trainer's own step measured on fake tensors (FSDPMemTracker) at world size 8 (or the stage's),
-bf16 parameters as on GPU. To keep this runnable on a 2-core machine the looped stack is measured at 1 and 2
-layers and the peak extrapolated linearly to the real depth (24 / 48 layers): it is a sum over layers plus a
-layer-independent part (embedding, LM head, CE chunks, the T loop inputs kept by AC). Parameters, gradients and
-optimizer state are shown as extrapolated; the rest of the peak is activations + temporaries. `--check-depth`
-measures one configuration at 6 layers directly and reports the extrapolation's error.
+bf16 parameters as on GPU. The stage configs are measured directly at their full depth and world size. To keep
+the shape table runnable on a 2-core machine its looped stack is measured at 1 and 2 layers and the peak
+extrapolated linearly to the real depth (24 / 48 layers): a sum over layers plus a layer-independent part
+(embedding, LM head, CE chunks, the T loop inputs kept by AC). Parameters, gradients and optimizer state are
+shown as extrapolated; the rest of the peak is activations + temporaries. `--check-depth` measures one
+configuration at 4 layers directly and reports the extrapolation's error. The extrapolation can be far off where
+the step's peak moves between phases with depth: stage3_longct measured directly needs 38.2 GB, extrapolated from
+1 and 2 layers it looked like 7.3 GB (2026-11-24); the shape rows are a lower bound until measured directly.
+`--keep-existing [--remeasure-stages]` keeps the rows already in --out and measures only the missing ones (or
+every stage row again).
 """
 
 from __future__ import annotations
@@ -48,10 +53,14 @@ def measured(config, overrides, world) -> tuple[dict, dict]:
 
 def extrapolated(pair: tuple[dict, dict], depth: int) -> dict:
     a, b = pair
-    out = {k: a[k] + (b[k] - a[k]) * (depth - 1) for k in a}
-    grouped = {name: sum(out[k] for k in keys) for name, keys in LINEAR.items()}
-    grouped["activations + temporaries"] = out["peak"] - sum(grouped.values())
-    return {**grouped, "peak": out["peak"]}
+    return grouped({k: a[k] + (b[k] - a[k]) * (depth - 1) for k in a})
+
+
+def grouped(out: dict) -> dict:
+    """A plan's rows summed into the table's columns (ROWS) and the peak."""
+    rows = {name: sum(out[k] for k in keys) for name, keys in LINEAR.items()}
+    rows["activations + temporaries"] = out["peak"] - sum(rows.values())
+    return {**rows, "peak": out["peak"]}
 
 
 def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) -> list[str]:
@@ -79,8 +88,11 @@ def write(args, rows, stage_rows, notes) -> None:
              "columns": ["model", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak", "fits 80 GB"], "rows": rows}],
         "notes": notes + [
             "Measured by the code of `python -m titanloop.train --config C --dry-run --world-size N --memory-plan` "
-            "(titanloop.train.memory_plan) at 1 and 2 looped layers, extrapolated linearly to 24 / 48 (the 2.6B "
-            "stack is 48 layers of the 1.4B shape).",
+            "(titanloop.train.memory_plan): the stage configs directly at their full depth and world size; the "
+            "shape table at 1 and 2 looped layers, extrapolated linearly to 24 / 48 (the 2.6B stack is 48 layers "
+            "of the 1.4B shape). Extrapolation can underestimate badly when the peak moves between phases with "
+            "depth (stage3_longct: 38.2 GB measured directly, 7.3 GB extrapolated): read the shape rows as lower "
+            "bounds.",
             "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
             "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
@@ -95,6 +107,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="only 4K rows and the 1.4B stage configs")
     ap.add_argument("--check-depth", action="store_true")
     ap.add_argument("--rows-from", help="a log of an earlier run: its printed shape rows are reused")
+    ap.add_argument("--keep-existing", action="store_true", help="keep the rows already in --out; measure only the "
+                    "missing ones (e.g. stage configs added since)")
+    ap.add_argument("--remeasure-stages", action="store_true", help="with --keep-existing: keep the shape rows, "
+                    "measure every stage config again")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
     args = ap.parse_args(argv)
     rows, stage_rows, notes = [], [], []
@@ -103,12 +119,15 @@ def main(argv=None) -> int:
 
         rows = [ast.literal_eval(line) for line in Path(args.rows_from).read_text().splitlines()
                 if line.startswith("['ouro-")]
+    if args.keep_existing and Path(args.out).exists():  # rows of an earlier run of this benchmark are kept
+        earlier = json.loads(Path(args.out).read_text())["tables"]
+        stage_rows, rows = ([] if args.remeasure_stages else earlier[0]["rows"]), earlier[1]["rows"]
+    planned = {r[0] for r in stage_rows}
     for name, config, world, overrides in slurm_stages(REPO, retrofit=False):
         cfg = load_config(REPO / config, overrides, world_size=world)
-        if (args.quick and cfg.model.preset != "ouro-1.4b") or cfg.parallelism.engine != "fsdp2" or \
-                cfg.parallelism.tp != 1:
-            continue  # the plan measures the FSDP2 step, without TP (see titanloop.train.memory_plan)
-        r = extrapolated(measured(str(REPO / config), [], world), cfg.looplm.n_layers)
+        if (args.quick and cfg.model.preset != "ouro-1.4b") or cfg.parallelism.engine != "fsdp2" or name in planned:
+            continue  # the plan measures the FSDP2 step (with TP where configured; not DeepSpeed ZeRO)
+        r = grouped(plan_at(str(REPO / config), list(overrides), world, cfg.looplm.n_layers))  # full depth, direct
         t = cfg.training
         stage_rows.append([name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
                            cfg.loop_sampler.n_loops, t.seq_len, cfg.parallelism.activation_checkpoint,
