@@ -12,36 +12,15 @@ the step-time cost is the median ratio of checkpointed to plain step time, measu
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import MiB, emit, peak_memory, time_repeated  # noqa: E402
+from benchmarks.common import MiB, emit, peak_memory, per_loop_checkpointing, time_repeated, training_step  # noqa: E402
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
-from titanloop.objectives import per_loop_cross_entropy, stage1_loss  # noqa: E402
-
-
-def per_loop_checkpointing(loop_step):
-    return functools.partial(checkpoint, loop_step, use_reentrant=False)
-
-
-def make_step(model: LoopLM, ids: torch.Tensor, n_loops: int):
-    inputs, targets = ids[:, :-1], ids[:, 1:]
-    mask = torch.ones_like(targets, dtype=torch.bool)
-
-    def step():
-        out = model(inputs, n_loops=n_loops)
-        ce = per_loop_cross_entropy(out.readouts, model.lm_head.weight, targets)
-        loss, _ = stage1_loss(ce, out.gate_logits, mask, beta=0.05)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    return step
 
 
 def run(loops=(1, 2, 4, 8), layers=2, hidden=256, vocab=8192, seq_len=256, batch=4, warmup=1, repeats=3):
@@ -54,7 +33,7 @@ def run(loops=(1, 2, 4, 8), layers=2, hidden=256, vocab=8192, seq_len=256, batch
     ids = torch.randint(0, vocab, (batch, seq_len + 1))
     rows = []
     for t in loops:
-        steps = {"none": make_step(plain, ids, t), "loop": make_step(ckpt, ids, t)}
+        steps = {"none": training_step(plain, ids, t), "loop": training_step(ckpt, ids, t)}
         mem = {k: peak_memory(fn, m).peak_bytes for (k, fn), m in zip(steps.items(), (plain, ckpt))}
         times = time_repeated(steps, warmup=warmup, repeats=repeats)
         rows.append({"n_loops": t, "peak_mib_no_ac": mem["none"] / MiB, "peak_mib_loop_ac": mem["loop"] / MiB,

@@ -15,6 +15,7 @@ Memory inside a single kernel (workspaces) and allocator caching/fragmentation a
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -97,3 +98,28 @@ def emit(result: dict, print_table: Callable[[dict], None], out=None) -> None:
     print_table(result)
     if out:
         Path(out).write_text(json.dumps(result, indent=2))
+
+
+def training_step(model, ids: torch.Tensor, n_loops: int) -> Callable[[], float]:
+    """One forward + stage-1 loss + backward of a LoopLM on fixed token ids (the step the speed benchmarks time)."""
+    from titanloop.objectives import per_loop_cross_entropy, stage1_loss
+
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    mask = torch.ones_like(targets, dtype=torch.bool)
+
+    def step() -> float:
+        out = model(inputs, n_loops=n_loops)
+        ce = per_loop_cross_entropy(out.readouts, model.lm_head.weight, targets)
+        loss, _ = stage1_loss(ce, out.gate_logits, mask, beta=0.05)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+def per_loop_checkpointing(loop_step):
+    """A LoopLM loop_wrapper: activation checkpointing around each loop (non-reentrant)."""
+    from torch.utils.checkpoint import checkpoint
+
+    return functools.partial(checkpoint, loop_step, use_reentrant=False)

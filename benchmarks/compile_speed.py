@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import sys
@@ -27,27 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from benchmarks.common import time_repeated  # noqa: E402
+from benchmarks.common import per_loop_checkpointing, time_repeated, training_step  # noqa: E402
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
-from titanloop.objectives import per_loop_cross_entropy, stage1_loss  # noqa: E402
 from titanloop.parallel.compile import apply_compile, compiled_graphs  # noqa: E402
-
-
-def make_step(model: LoopLM, ids: torch.Tensor, n_loops: int):
-    inputs, targets = ids[:, :-1], ids[:, 1:]
-    mask = torch.ones_like(targets, dtype=torch.bool)
-
-    def step():
-        out = model(inputs, n_loops=n_loops)
-        ce = per_loop_cross_entropy(out.readouts, model.lm_head.weight, targets)
-        loss, _ = stage1_loss(ce, out.gate_logits, mask, beta=0.05)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(loss)
-
-    return step
 
 
 def run(hidden=256, layers=2, vocab=4096, seq_len=256, batch=4, n_loops=4, other_loops=(2, 8), repeats=5) -> dict:
@@ -57,10 +39,10 @@ def run(hidden=256, layers=2, vocab=4096, seq_len=256, batch=4, n_loops=4, other
     eager, compiled = LoopLM(cfg), LoopLM(cfg)
     compiled.load_state_dict(eager.state_dict())
     for m in (eager, compiled):  # what parallelism.activation_checkpoint = "loop" sets
-        m.loop_wrapper = lambda fn: functools.partial(checkpoint, fn, use_reentrant=False)
+        m.loop_wrapper = per_loop_checkpointing
     apply_compile(compiled, backend="inductor")
     ids = torch.randint(0, vocab, (batch, seq_len + 1))
-    steps = {"eager": make_step(eager, ids, n_loops), "compiled": make_step(compiled, ids, n_loops)}
+    steps = {"eager": training_step(eager, ids, n_loops), "compiled": training_step(compiled, ids, n_loops)}
 
     t0 = time.perf_counter()
     loss_eager = steps["eager"]()
@@ -71,7 +53,7 @@ def run(hidden=256, layers=2, vocab=4096, seq_len=256, batch=4, n_loops=4, other
     graphs_after_first = compiled_graphs()
     times = time_repeated(steps, warmup=1, repeats=repeats)
     for t in other_loops:  # a different loop count: same per-layer graphs
-        make_step(compiled, ids, t)()
+        training_step(compiled, ids, t)()
     graphs_after_all = compiled_graphs()
     ratio = times["compiled"]["median"] / times["eager"]["median"]
     return {"hidden": hidden, "layers": layers, "vocab": vocab, "seq_len": seq_len, "batch": batch,
