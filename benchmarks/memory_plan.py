@@ -4,14 +4,12 @@ at its sbatch size. Writes benchmarks/results/memory_plan.json.
     python benchmarks/memory_plan.py [--quick]
 
 Each entry is the trainer's own step measured on fake tensors (FSDPMemTracker) at world size 8 (or the stage's),
-bf16 parameters as on GPU. The stage configs are measured directly at their full depth and world size. To keep
-the shape table runnable on a 2-core machine its looped stack is measured at 1 and 2 layers and the peak
-extrapolated linearly to the real depth (24 / 48 layers): a sum over layers plus a layer-independent part
-(embedding, LM head, CE chunks, the T loop inputs kept by AC). Parameters, gradients and optimizer state are
-shown as extrapolated; the rest of the peak is activations + temporaries. `--check-depth` measures one
-configuration at 4 layers directly and reports the extrapolation's error. The extrapolation can be far off where
-the step's peak moves between phases with depth: stage3_longct measured directly needs 38.2 GB, extrapolated from
-1 and 2 layers it looked like 7.3 GB (2026-11-24); the shape rows are a lower bound until measured directly.
+bf16 parameters as on GPU. The stage configs are measured directly at their full depth and world size; the shape
+table too with `--direct-shapes` (about an hour on 2 cores; `--shape-presets` and `--merge-from` split it over
+two processes). Without it the shape table's looped stack is measured at 1 and 2 layers and extrapolated linearly
+to 24 / 48 layers, marked in the row: exact without activation checkpointing, an underestimate with per-loop AC,
+where the step's peak moves between phases as depth grows (stage3_longct: 7.3 GB extrapolated, 38.2 GB direct).
+`--check-depth` measures one configuration at 4 layers directly and reports the extrapolation's error.
 `--keep-existing [--remeasure-stages]` keeps the rows already in --out and measures only the missing ones (or
 every stage row again).
 """
@@ -63,6 +61,15 @@ def grouped(out: dict) -> dict:
     return {**rows, "peak": out["peak"]}
 
 
+DIRECT, EXTRAPOLATED = "direct", "extrapolated from 1-2 layers (lower bound)"
+SHAPE_COLUMNS = ["model", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak", "fits 80 GB", "measured"]
+
+
+def shape_row(preset: str, n_loops: int, seq: int, ac: str, r: dict, how: str) -> list:
+    return ([preset, n_loops, seq, ac, 1] + [f"{r[k] / GB:.1f}" for k in ROWS] +
+            [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no", how])
+
+
 def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) -> list[str]:
     return ["--model.preset", preset, "--model.n_loops", str(n_loops), "--loop_sampler.n_loops", str(n_loops),
             "--training.seq_len", str(seq), "--training.micro_batch_size", str(micro),
@@ -74,7 +81,8 @@ def write(args, rows, stage_rows, notes) -> None:
     result = {
         "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
         "order": 60,
-        "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else "") +
+                   (" --direct-shapes" if args.direct_shapes or args.merge_from else ""),
         "date": datetime.date.today().isoformat(),
         "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
         "summary": [],
@@ -85,14 +93,13 @@ def write(args, rows, stage_rows, notes) -> None:
              "rows": stage_rows},
             {"title": "Ouro shapes at world size 8 (dp_shard 8), micro-batch 1, bf16 parameters, fp32 master weights "
                       "and AdamW state, reshard_looped = never, fused attention; GB per GPU at the step's peak:",
-             "columns": ["model", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak", "fits 80 GB"], "rows": rows}],
+             "columns": SHAPE_COLUMNS, "rows": rows}],
         "notes": notes + [
             "Measured by the code of `python -m titanloop.train --config C --dry-run --world-size N --memory-plan` "
-            "(titanloop.train.memory_plan): the stage configs directly at their full depth and world size; the "
-            "shape table at 1 and 2 looped layers, extrapolated linearly to 24 / 48 (the 2.6B stack is 48 layers "
-            "of the 1.4B shape). Extrapolation can underestimate badly when the peak moves between phases with "
-            "depth (stage3_longct: 38.2 GB measured directly, 7.3 GB extrapolated): read the shape rows as lower "
-            "bounds.",
+            "(titanloop.train.memory_plan): the stage configs directly at their full depth and world size; each "
+            "shape row's `measured` column says whether it was measured directly at 24 / 48 layers "
+            "(--direct-shapes) or extrapolated linearly from 1 and 2 layers, which is exact without AC but "
+            "underestimates with per-loop AC (2.6B, T=4, 4K: 22.1 GB extrapolated, 44.0 GB direct).",
             "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
             "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
@@ -109,6 +116,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rows-from", help="a log of an earlier run: its printed shape rows are reused")
     ap.add_argument("--keep-existing", action="store_true", help="keep the rows already in --out; measure only the "
                     "missing ones (e.g. stage configs added since)")
+    ap.add_argument("--direct-shapes", action="store_true", help="measure the shape table at full depth (24 / 48 "
+                    "layers) instead of extrapolating; about an hour on 2 cores")
+    ap.add_argument("--shape-presets", help="with --direct-shapes: only these presets, e.g. ouro-2.6b")
+    ap.add_argument("--merge-from", nargs="*", help="take the direct shape rows of these result files (other runs "
+                    "of this benchmark, e.g. one per preset in parallel)")
     ap.add_argument("--remeasure-stages", action="store_true", help="with --keep-existing: keep the shape rows, "
                     "measure every stage config again")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
@@ -135,6 +147,26 @@ def main(argv=None) -> int:
                           [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
         print(stage_rows[-1], flush=True)
         write(args, rows, stage_rows, notes)
+    rows = [r if len(r) == len(SHAPE_COLUMNS) else r + [EXTRAPOLATED] for r in rows]  # rows of earlier runs
+    for other in args.merge_from or []:  # direct shape rows of another run of this benchmark (run in parallel)
+        theirs = [r for r in json.loads(Path(other).read_text())["tables"][1]["rows"] if r[-1] == DIRECT]
+        keys = {tuple(r[:4]) for r in theirs}
+        rows = sorted([r for r in rows if tuple(r[:4]) not in keys] + theirs, key=lambda x: tuple(x[:4]))
+    if args.direct_shapes:  # the shape rows at their full depth, 1.4B first; the json is rewritten after each
+        for preset, depth in SHAPES:
+            if args.shape_presets and preset not in args.shape_presets.split(","):
+                continue
+            for n_loops in (4, 8):
+                for seq in ((4096,) if args.quick else (4096, 16384)):
+                    for ac in ("none", "loop"):
+                        key = [preset, n_loops, seq, ac]
+                        if any(r[:4] == key and r[-1] == DIRECT for r in rows):
+                            continue
+                        r = grouped(plan_at(None, shape_overrides(preset, n_loops, seq, ac, 1), 8, depth))
+                        row = shape_row(preset, n_loops, seq, ac, r, DIRECT)
+                        rows = sorted([x for x in rows if x[:4] != key] + [row], key=lambda x: tuple(x[:4]))
+                        print(row, flush=True)
+                        write(args, rows, stage_rows, notes)
     done = {tuple(r[1:4]) for r in rows}
     # 1.4B and 2.6B share the layer shape (2.6B = 48 of the 24 layers of 1.4B): one measurement pair serves both
     for n_loops in (4, 8):
@@ -145,8 +177,7 @@ def main(argv=None) -> int:
                 pair = measured(None, shape_overrides("ouro-1.4b", n_loops, seq, ac, 1), 8)
                 for preset, depth in SHAPES:
                     r = extrapolated(pair, depth)
-                    rows.append([preset, n_loops, seq, ac, 1] + [f"{r[k] / GB:.1f}" for k in ROWS] +
-                                [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
+                    rows.append(shape_row(preset, n_loops, seq, ac, r, EXTRAPOLATED))
                     print(rows[-1], flush=True)
                 write(args, rows, stage_rows, notes)
     if args.check_depth:
