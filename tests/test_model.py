@@ -224,6 +224,19 @@ def test_tied_embeddings():
     torch.testing.assert_close(out.logits, out.readouts[-1] @ model.embed_tokens.weight.t())
 
 
+def test_embed_init_std_scales_only_the_embedding():
+    torch.manual_seed(0)
+    default = tiny()
+    torch.manual_seed(0)
+    scaled = tiny(embed_init_std=1.0)
+    assert abs(default.embed_tokens.weight.std().item() - 0.02) < 0.004
+    assert abs(scaled.embed_tokens.weight.std().item() - 1.0) < 0.2
+    torch.testing.assert_close(scaled.embed_tokens.weight, default.embed_tokens.weight * 50.0)  # same draw, x50
+    for (name, a), (_, b) in zip(default.named_parameters(), scaled.named_parameters()):
+        if name != "embed_tokens.weight":
+            assert torch.equal(a, b), name
+
+
 def test_gqa_equals_mha_with_repeated_kv_heads():
     gqa = tiny(n_kv_heads=2)
     assert gqa.layers[0].self_attn.k_proj.weight.shape == (2 * 8, 32)
@@ -263,6 +276,8 @@ def test_param_count_and_flops_count_loops():
     ("attention_backend", dict(attention_backend="xformers")),
     ("n_prelude_layers", dict(n_prelude_layers=-1)),
     ("hidden_size", dict(hidden_size=0)),
+    ("embed_init_std", dict(embed_init_std=0.0)),
+    ("embed_init_std", dict(embed_init_std=1.0, tie_embeddings=True)),
 ])
 def test_bad_model_config_is_one_line_naming_the_field(field, kwargs):
     with pytest.raises(ConfigError) as e:

@@ -30,6 +30,10 @@ class LoopLMConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # std of the token embedding at init (None: init_std, as Ouro). With the sandwich norm every sublayer adds a
+    # unit-RMS update to the residual stream, so an embedding of RMS 0.02 is ~2% of the state after the first
+    # sublayer; 1.0 puts the token on par with the updates (docs/training.md, "Embedding scale").
+    embed_init_std: float | None = None
 
     # Variants (all off by default; the defaults reproduce Ouro).
     readout: str = "norm"  # norm | raw | final_only_norm  (readout-blind-spot §3)
@@ -70,6 +74,10 @@ class LoopLMConfig:
                 self.n_kv_heads, f"a divisor of n_heads={self.n_heads} (or null for MHA)")
         require(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive RoPE base")
         require(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
+        require(self.embed_init_std is None or self.embed_init_std > 0, "embed_init_std", self.embed_init_std,
+                "a positive std (or null for init_std)")
+        require(self.embed_init_std is None or not self.tie_embeddings, "embed_init_std", self.embed_init_std,
+                "null when tie_embeddings = true (the tied LM head would start at that scale too)")
         require_choice(self.readout, "readout", READOUTS)
         require_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         require(self.n_prelude_layers >= 0, "n_prelude_layers", self.n_prelude_layers, "an integer >= 0")

@@ -173,6 +173,8 @@ class LoopLM(nn.Module):
             return ("const", 0.0)
         if module is self.recurrence_gate:  # zero W, bias -2: retain ~88% of the old state at init
             return ("const", self.cfg.gate_bias_init if name.endswith(".bias") else 0.0)
+        if module is self.embed_tokens and self.cfg.embed_init_std is not None:
+            return ("normal", self.cfg.embed_init_std)
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             return ("normal", std / math.sqrt(2 * max(1, self.cfg.n_layers)))
         return ("normal", std)
