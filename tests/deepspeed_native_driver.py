@@ -5,7 +5,6 @@ engine's own full fp32 weights (reference.safetensors) for tests/test_engine_dee
     torchrun --nproc_per_node 2 tests/deepspeed_native_driver.py OUT_DIR ZERO_STAGE
 """
 
-import os
 import sys
 
 import torch
@@ -15,6 +14,7 @@ from safetensors.torch import save_file
 from titanloop.model import LoopLM
 from titanloop.train.config import load_config
 from titanloop.train.engine_deepspeed import DeepSpeedEngine
+from titanloop.train.process_exit import exit_without_teardown
 
 out, stage = sys.argv[1], int(sys.argv[2])
 dist.init_process_group("gloo")
@@ -40,8 +40,4 @@ reference = engine.checkpoint_states()["model"].state_dict()
 if dist.get_rank() == 0:
     save_file({k: v.contiguous() for k, v in reference.items()}, f"{out}/reference.safetensors")
 dist.destroy_process_group()
-# Leave as titanloop.train does (titanloop/train/__main__.py): DeepSpeed's native threads can abort the
-# interpreter's teardown of a finished run with SIGABRT (seen once in CI: both ranks, after the checkpoint).
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+exit_without_teardown(0)  # DeepSpeed's native threads can abort the interpreter's teardown

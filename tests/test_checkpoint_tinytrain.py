@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from titanloop.checkpoint import EXIT_CODE_PREEMPTED, CheckpointConfig, Checkpoi
 from titanloop.data import DataConfig, build_dataloader
 from titanloop.model import build_looplm, preset
 from titanloop.objectives import LoopSampler, LoopSamplerConfig
+from titanloop.train.process_exit import exit_without_teardown
 
 
 class TrainState:
@@ -134,7 +133,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown after a finished run (see titanloop/train/__main__.py)
+    exit_without_teardown(main())

@@ -17,7 +17,6 @@ from experiments import common
 NAME = "mano"
 CONFIG = "experiments/mano/base.toml"
 MAX_OPS = 4
-MODULUS = 23  # the task's default (ouro B.2): answers are uniform-ish over F_23
 PAPER = ("Fig. 6 right (L = 10, 16, 24; 12-layer budget): looped k ⊗ 12/k models beat the iso-parameter "
          "{2, 3, 6} ⊗ 1 models and are better than or comparable to the iso-FLOP 12 ⊗ 1 model.")
 MODELS = {  # name -> overrides of base.toml
@@ -29,6 +28,8 @@ MODELS = {  # name -> overrides of base.toml
 
 def main(argv=None) -> int:
     args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv)
+    from titanloop.data.synthetic_tasks import build_task
+
     ops_list = [2, MAX_OPS] if args.smoke else list(range(1, MAX_OPS + 1))
     acc, rows = {}, []
     models = list(MODELS)[:2] if args.smoke else list(MODELS)  # CI: fewer launches, same code paths
@@ -57,7 +58,8 @@ def main(argv=None) -> int:
     looped, iso_p, iso_f = (acc.get((m, hardest), float("nan")) for m in MODELS)
     reproduced = looped >= iso_p + 0.05 and looped >= iso_f - 0.05
     # Judge only models that learned something: 1-operator trees ("+ 5 17") need no depth at all.
-    chance, best_shallow = 1 / MODULUS, max(acc.get((m, ops_list[0]), 0.0) for m in models)
+    chance = 1 / build_task("mano", max_ops=MAX_OPS).modulus  # the task's modulus (ouro B.2: 23)
+    best_shallow = max(acc.get((m, ops_list[0]), 0.0) for m in models)
     learned = best_shallow >= chance + 0.10
     verdict = ("" if learned else
                f"Not judgeable: no model learned the task (best accuracy at {ops_list[0]} operator(s) "

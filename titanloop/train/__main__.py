@@ -104,11 +104,7 @@ def print_summary(run) -> None:
 
 
 if __name__ == "__main__":
-    code = main()
+    from titanloop.train.process_exit import exit_without_teardown
+
     # Everything is saved, flushed and closed by now (callbacks, checkpointer, data loader, process group).
-    # Leave without the interpreter's teardown: native threads of gloo/DeepSpeed/MKL that outlive it can abort
-    # a finished run at exit (SIGABRT, "terminate called without an active exception"), which torchrun and
-    # Slurm would report as a failed job.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(main())
