@@ -35,7 +35,7 @@ LAYOUTS = [
     # name, nproc, overrides
     ("fsdp2 looped (gather once)", 2, ["--parallelism.reshard_looped", '"never"']),
     ("fsdp2 looped (reshard always)", 2, ["--parallelism.reshard_looped", '"always"']),
-    ("fsdp2 non-looped baseline (T=1)", 2, ["--model.n_loops", "1", "--loop_sampler.n_loops", "1"]),
+    ("fsdp2 non-looped baseline (T=1)", 2, ["--loop_sampler.n_loops", "1"]),
     ("tp2 looped", 2, ["--parallelism.tp", "2"]),
     ("fsdp2 x tp2 looped", 4, ["--parallelism.tp", "2"]),
 ]

@@ -71,7 +71,7 @@ def shape_row(preset: str, n_loops: int, seq: int, ac: str, r: dict, how: str) -
 
 
 def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) -> list[str]:
-    return ["--model.preset", preset, "--model.n_loops", str(n_loops), "--loop_sampler.n_loops", str(n_loops),
+    return ["--model.preset", preset, "--loop_sampler.n_loops", str(n_loops),
             "--training.seq_len", str(seq), "--training.micro_batch_size", str(micro),
             "--training.global_batch_size", str(8 * micro * 2), "--parallelism.activation_checkpoint", ac,
             "--training.dtype", "bfloat16"]

@@ -35,8 +35,8 @@ LINK = 400e9 / 8  # bytes/s per GPU
 
 
 def count(world: int, layers: int, n_loops: int, micro_batches: int) -> dict:
-    cfg = load_config(None, ["--model.preset", "ouro-1.4b", "--model.n_layers", str(layers), "--model.n_loops",
-                             str(n_loops), "--loop_sampler.n_loops", str(n_loops), "--training.seq_len", "4096",
+    cfg = load_config(None, ["--model.preset", "ouro-1.4b", "--model.n_layers", str(layers), "--loop_sampler.n_loops",
+                             str(n_loops), "--training.seq_len", "4096",
                              "--training.micro_batch_size", "1", "--training.global_batch_size",
                              str(world * micro_batches), "--training.doc_masking", "false",
                              "--parallelism.activation_checkpoint", "loop"], world_size=world)

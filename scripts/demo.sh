@@ -40,7 +40,7 @@ start=$(date +%s)
 for seed in ${SEEDS//,/ }; do
   for variant in looped baseline; do
     run="$OUT/${variant}_s${seed}"
-    loops=(); [ "$variant" = baseline ] && loops=(--model.n_loops 1 --loop_sampler.n_loops 1)
+    loops=(); [ "$variant" = baseline ] && loops=(--loop_sampler.n_loops 1)
     echo "[demo] seed $seed, $variant: torchrun --nproc_per_node=2 -m titanloop.train --config train_configs/demo.toml" \
          "--training.seed $seed --data.seed $seed --training.run_dir $run ${loops[*]} ${TRAIN_ARGS[*]}"
     "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m titanloop.train \

@@ -29,7 +29,6 @@ CONFIG = """
 [model]
 preset = "debug-tiny"
 vocab_size = {vocab}
-n_loops = 2
 [objective]
 name = "stage1"
 [loop_sampler]

@@ -226,6 +226,7 @@ def test_training_config_section_and_checks(dense):
     """[retrofit] in the training config: the shape comes from the checkpoint; unsupported settings are one line."""
     from pathlib import Path
 
+    from titanloop.family import family_of
     from titanloop.train.config import load_config
 
     path, _ = dense
@@ -233,7 +234,7 @@ def test_training_config_section_and_checks(dense):
     base = ["--retrofit.hf_path", str(path), "--retrofit.n_prelude", "2", "--retrofit.recurrent_layer", "3",
             "--retrofit.n_coda", "1", "--data.kind", "synthetic_text", "--training.seq_len", "32"]
     cfg = load_config(config, base, world_size=2)
-    assert cfg.is_retrofit and cfg.looplm.vocab_size == 96 and cfg.looplm.n_prelude_layers == 2
+    assert family_of(cfg).name == "retrofit" and cfg.looplm.vocab_size == 96 and cfg.looplm.n_prelude_layers == 2
     for extra, needle in [(["--objective.name", "stage1"], "final_only"), (["--parallelism.tp", "2"], "tensor"),
                           (["--model.n_loops", "2"], r"no \[model\] keys"),
                           (["--loop_sampler.n_loops", "20"], "max_loops"),

@@ -57,12 +57,12 @@ def _launch(run_dir: Path, *extra: str) -> tuple[dict[int, dict], str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compile")
-    stage_a = ["--training.steps", str(STEPS), "--model.n_loops", "8", "--loop_sampler.n_loops", "8"]
+    stage_a = ["--training.steps", str(STEPS), "--loop_sampler.n_loops", "8"]
     eager, _ = _launch(root / "eager", *stage_a)
     bf16, out_bf16 = _launch(root / "bf16", *stage_a, "--training.dtype", "bfloat16")
     compiled, out = _launch(root / "compiled", *stage_a, "--parallelism.compile", "true",
                             "--checkpoint.enable", "true", "--checkpoint.interval", str(STEPS))
-    stage_b, out_b = _launch(root / "stage_b", "--training.steps", "10", "--model.n_loops", "4",
+    stage_b, out_b = _launch(root / "stage_b", "--training.steps", "10", "--loop_sampler.n_loops", "4",
                              "--loop_sampler.kind", "uniform", "--loop_sampler.min_sampled", "2",
                              "--loop_sampler.max_sampled", "4", "--parallelism.compile", "true",
                              "--stage.init_from", str(root / "compiled" / "checkpoints"))

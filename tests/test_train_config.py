@@ -27,7 +27,7 @@ def test_debug_and_ouro_configs_load():
 
 
 def test_every_field_is_overridable_from_the_command_line():
-    cfg = load_config(DEBUG, ["--training.steps", "10", "--optimizer.betas", "[0.8, 0.9]", "--model.n_loops=3",
+    cfg = load_config(DEBUG, ["--training.steps", "10", "--optimizer.betas", "[0.8, 0.9]", "--loop_sampler.n_loops=3",
                               "--objective.beta", "0.05", "--metrics.wandb", "offline", "--data.seed", "7",
                               "--loop_sampler.kind", "poisson", "--parallelism.activation_checkpoint", "loop"],
                       world_size=1)

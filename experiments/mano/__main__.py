@@ -21,8 +21,8 @@ PAPER = ("Fig. 6 right (L = 10, 16, 24; 12-layer budget): looped k ⊗ 12/k mode
          "{2, 3, 6} ⊗ 1 models and are better than or comparable to the iso-FLOP 12 ⊗ 1 model.")
 MODELS = {  # name -> overrides of base.toml
     "2x4 looped": {},
-    "2x1 iso-param": {"model.n_loops": 1, "loop_sampler.n_loops": 1},
-    "8x1 iso-FLOP": {"model.n_layers": 8, "model.n_loops": 1, "loop_sampler.n_loops": 1},
+    "2x1 iso-param": {"loop_sampler.n_loops": 1},
+    "8x1 iso-FLOP": {"model.n_layers": 8, "loop_sampler.n_loops": 1},
 }
 
 

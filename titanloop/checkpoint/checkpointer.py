@@ -59,13 +59,14 @@ def _dist() -> tuple[int, int]:
 
 class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, run_dir, states: dict, *, config: dict | None = None,
-                 stage: str | None = None):
+                 stage: str | None = None, trained_depth: dict | None = None):
         self.cfg = cfg
         self.root = Path(run_dir) / cfg.folder
         self.rank, self.world = _dist()
         self.distributed = self.world > 1 or (dist.is_available() and dist.is_initialized())
         self.states = self._wrap(states)
         self.config, self.stage = config, stage
+        self.trained_depth = trained_depth  # the loop count trained at (titanloop.family.trained_depth)
         self.async_mode = cfg.mode == "async" or (cfg.mode == "auto" and torch.cuda.is_available())
         # DCP's async save runs its collectives in a background thread: give it its own gloo group so it
         # never interleaves with the training collectives on the default group.
@@ -141,7 +142,8 @@ class Checkpointer:
         skeletons = {name: split_state(obj.state_dict(), name, tensors) for name, obj in self.states.items()}
         tensors.update(rng_state_tensors(self.rank))
         manifest = {"format": 1, "step": step, "world_size": self.world, "stage": self.stage,
-                    "config": self.config, "states": skeletons, "saved_at": time.time()}
+                    "config": self.config, "trained_depth": self.trained_depth, "states": skeletons,
+                    "saved_at": time.time()}
         json.dumps(manifest, allow_nan=True)  # fail now, on every rank, if a state is not JSON-serializable
         writer = FileSystemWriter(staging, sync_files=True)
         if use_async:

@@ -36,15 +36,37 @@ def checkpoint_format(path) -> str:
                       f"or {ACCEPTED[1]}")
 
 
+def trained_depth(manifest: dict) -> dict | None:
+    """The loop count a checkpoint was trained at: titanloop.json's "trained_depth" (kind, n_loops, min, max),
+    or for a checkpoint written before it was recorded, the stored config's loop sampler; None if neither."""
+    if isinstance(manifest.get("trained_depth"), dict):
+        return manifest["trained_depth"]
+    sampler = (manifest.get("config") or {}).get("loop_sampler")
+    if isinstance(sampler, dict) and isinstance(sampler.get("n_loops"), int):
+        kind = sampler.get("kind", "fixed")
+        lo, hi = ((sampler["n_loops"],) * 2 if kind == "fixed"
+                  else (sampler.get("min_sampled", 1), sampler.get("max_sampled", sampler["n_loops"])))
+        return {"kind": kind, "n_loops": sampler["n_loops"], "min": lo, "max": hi}
+    return None
+
+
 def _model_config_from_manifest(manifest: dict, ckpt: Path) -> LoopLMConfig:
-    """The [model] section the trainer stored in titanloop.json: {"preset": name, **overrides} or all fields."""
+    """The [model] section the trainer stored in titanloop.json ({"preset": name, **overrides} or all fields), at
+    the depth it was trained at (the loop sampler's T: `trained_depth`), which becomes the model's default depth
+    for evaluation, sweeps, exits and export."""
     section = (manifest.get("config") or {}).get("model")
     if not isinstance(section, dict):
         raise ConfigError(f"checkpoint {str(ckpt)!r} has no model config (titanloop.json config.model): it is not "
                           "a titanloop training checkpoint; save with Checkpointer(config=train_config.to_dict())")
     section = dict(section)
+    depth = trained_depth(manifest)
+    if depth is not None:
+        section.pop("n_loops", None)
     name = section.pop("preset", None)
-    return preset(name, **section) if name is not None else LoopLMConfig.from_dict(section)
+    cfg = preset(name, **section) if name is not None else LoopLMConfig.from_dict(section)
+    if depth is None:
+        return cfg
+    return cfg.replace(n_loops=depth["n_loops"], max_loops=max(cfg.max_loops, depth["n_loops"]))
 
 
 def published_step_dir(path: Path) -> tuple[Path, dict]:

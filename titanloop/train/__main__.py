@@ -14,6 +14,7 @@ import os
 import sys
 
 from titanloop.config_errors import ConfigError
+from titanloop.family import family_of
 from titanloop.train.config import SECTIONS, load_config
 
 USAGE = f"""\
@@ -92,16 +93,15 @@ def print_summary(run) -> None:
     p = cfg.parallelism
     engine = "fsdp2" if p.engine == "fsdp2" else f"deepspeed ZeRO-{p.zero_stage} offload {p.zero_offload}"
     if mesh.rank == 0:
-        what = "RetrofitLM" if cfg.is_retrofit else f"LoopLM {cfg.model.preset}"
+        family = family_of(cfg)
+        what = family.describe(cfg)
         print(f"[titanloop] {what}: {run.n_params:,} parameters | world {mesh.world_size} "
               f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
               f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
               f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
               f"{cfg.loop_sampler.kind}", flush=True)
-        if cfg.is_retrofit:
-            print(f"[titanloop] retrofit of {cfg.retrofit.hf_path}: {run.n_trainable:,} trainable parameters, "
-                  f"{run.n_params - run.n_trainable:,} frozen | modulation {cfg.retrofit.modulation}", flush=True)
-
+        for line in family.extra_summary(cfg, run):
+            print(f"[titanloop] {line}", flush=True)
 
 if __name__ == "__main__":
     from titanloop.train.process_exit import exit_without_teardown

@@ -3,7 +3,7 @@
     [stage]          name, init_from (previous stage's checkpoint), upcycle, keep_optimizer (titanloop.recipe.stages)
     [model]          preset + any LoopLMConfig field              (titanloop.model.config)
     [objective]      ObjectiveConfig: stage1 | stage2_gate | dense | final_only, β, scale penalty, JSRR
-    [loop_sampler]   LoopSamplerConfig: loops per step, fixed or sampled (same on every rank)
+    [loop_sampler]   LoopSamplerConfig: loops per step, fixed or sampled (same on every rank); the one home of T
     [optimizer]      AdamW hyper-parameters
     [lr_scheduler]   torchtitan's warmup-stable-decay schedule (LRSchedulersContainer.Config fields)
     [training]       steps, batch sizes, sequence length, clipping, dtype, NaN policy, run directory
@@ -33,6 +33,7 @@ from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.config_errors import ConfigError, require, require_choice
 from titanloop.data.config import DataConfig
 from titanloop.data.loader import micro_batches_per_rank
+from titanloop.family import family_of
 from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
 from titanloop.recipe.schedule_checks import check_schedule
@@ -194,22 +195,15 @@ class TrainConfig:
     source: str | None = None  # the TOML file this came from
 
     @property
-    def is_retrofit(self) -> bool:
-        return bool(self.retrofit.hf_path)
-
-    @property
     def looplm(self) -> LoopLMConfig:
-        """The model's shape; for a retrofit run, the retrofit model's (read from its HF config.json)."""
-        if self.is_retrofit:
-            from titanloop.retrofit.hf_import import looplm_view
-
-            return looplm_view(self.retrofit)
-        return self.model.looplm
+        """The model's shape (its family's view: for a retrofit run, read from the HF checkpoint's config.json)."""
+        return family_of(self).shape(self)
 
     def to_dict(self) -> dict:
         """Plain, JSON-serializable view (what W&B receives as its config; contains no secrets)."""
         d = dataclasses.asdict(self)
-        d["model"] = {"preset": self.model.preset, **self.model.overrides}
+        # the derived default depth too: a checkpoint's model config then loads at the depth it was trained at
+        d["model"] = {"preset": self.model.preset, **self.model.overrides, "n_loops": self.model.looplm.n_loops}
         return d
 
 
@@ -354,7 +348,24 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.metrics):
         section.validate()
     validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
+    one_loop_count(cfg, raw.get("retrofit", {}))
     return cfg
+
+
+def one_loop_count(cfg: TrainConfig, retrofit_values: dict) -> None:
+    """T has one home, `[loop_sampler] n_loops` (the fixed T; for a sampled T the default inference depth). The
+    model's default depth (`model.n_loops`, `retrofit.n_loops`) is derived from it here; a config that sets either
+    to another value is refused in one line naming both fields."""
+    t = cfg.loop_sampler.n_loops
+    for name, value in (("model.n_loops", cfg.model.overrides.get("n_loops")),
+                        ("retrofit.n_loops", retrofit_values.get("n_loops"))):
+        if value is not None and value != t:
+            raise ConfigError(f"{name}={value} and loop_sampler.n_loops={t} disagree: the loop count T has one home, "
+                              f"[loop_sampler] n_loops; remove {name}")
+    m = cfg.model.looplm  # (a LoopLM's family check bounds T by max_loops; a retrofit does not use this section)
+    cfg.model.overrides.pop("n_loops", None)
+    cfg.model.looplm = m.replace(n_loops=t, max_loops=max(m.max_loops, t))
+    cfg.retrofit.n_loops = t
 
 
 def mesh_degrees(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
@@ -397,29 +408,7 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     if ramp is not None:
         ramp.check_layout(t.micro_batch_size, dp)
     min_loops, max_loops = cfg.loop_sampler.bounds()
-    if m.per_loop_norm:
-        require(max_loops <= m.max_loops, "loop_sampler.max_sampled", max_loops,
-                f"<= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
-    if cfg.is_retrofit:
-        check_retrofit_layout(cfg, tp, max_loops)
+    family_of(cfg).check_layout(cfg, tp, max_loops)
     if cfg.objective.name == "stage2_gate":
         require(min_loops >= 2, "loop_sampler", min_loops, ">= 2 loops per step for objective.name='stage2_gate'")
 
-
-def check_retrofit_layout(cfg: TrainConfig, tp: int, max_loops: int) -> None:
-    """What a retrofit run (titanloop.retrofit) supports: its shape comes from the HF checkpoint, it decodes
-    only the last recurrence step, and its per-step parameters bound the loop count."""
-    r = cfg.retrofit
-    require(not cfg.model.overrides, "model", cfg.model.overrides,
-            "no [model] keys in a retrofit run (the shape comes from retrofit.hf_path's config.json)")
-    from titanloop.retrofit.hf_import import read_hf_config
-
-    r.check_depth(read_hf_config(r.hf_path)[1].n_layers)
-    require(tp == 1, "parallelism.tp", tp, "1 for a retrofit run (its model has no tensor-parallel plan)")
-    require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
-            "'fsdp2' for a retrofit run (the DeepSpeed engine is not built or tested for a frozen pretrained base)")
-    require(cfg.objective.name == "final_only", "objective.name", cfg.objective.name,
-            "'final_only' for a retrofit run (the coda decodes the last recurrence step only)")
-    require(cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight, "0 for a retrofit run")
-    require(max_loops <= r.max_loops, "loop_sampler", max_loops,
-            f"at most retrofit.max_loops={r.max_loops} loops (per-step norms, embeddings and diagonals)")

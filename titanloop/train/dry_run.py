@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titanloop.config_errors import cli_errors, require
+from titanloop.family import family_of
 from titanloop.train.config import TrainConfig, mesh_degrees
 
 # Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
@@ -199,7 +200,7 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         m = cfg.looplm
         report.add(f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
                    f"(fake backend, rank 0 of {world_size})")
-        what = "RetrofitLM (base frozen)" if cfg.is_retrofit else f"model {cfg.model.preset}"
+        what = family_of(cfg).describe(cfg)
         report.add(f"{what}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
                    f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
                    f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "

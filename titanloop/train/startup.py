@@ -30,7 +30,7 @@ from torchtitan.tools import utils as tt_utils
 
 from titanloop.checkpoint import Checkpointer, layout
 from titanloop.data import PackedLoader, build_dataloader
-from titanloop.model import LoopLM
+from titanloop.family import family_of, trained_depth
 from titanloop.objectives import LoopSampler
 from titanloop.train.config import TrainConfig, mesh_degrees
 from titanloop.train.cpu_shim import use_cpu_if_no_gpu
@@ -128,27 +128,16 @@ def run_dir_has_checkpoint(cfg: TrainConfig) -> bool:
 
 
 def build_model(cfg: TrainConfig, load_weights: bool = True) -> nn.Module:
-    """The LoopLM on the meta device (no memory yet; build_engine allocates each rank's shards after
-    parallelizing, titanloop.model.init). Seeded here, so every layout gets the same full weights. Stage II
-    trains only the exit gate (ouro §3.4). A retrofit run (titanloop.retrofit) loads its pretrained weights instead
-    (load_weights=False: on the meta device from the checkpoint's config.json only, for the dry run)."""
+    """The run's model, built by its family (titanloop.family): a LoopLM on the meta device (no memory yet;
+    build_engine allocates each rank's shards after parallelizing, titanloop.model.init), or a retrofit with its
+    pretrained weights (load_weights=False: on the meta device from config.json only, for the dry run). Seeded
+    here, so every layout gets the same full weights. Stage II trains only the exit gate (ouro §3.4)."""
     torch.manual_seed(cfg.training.seed)
     # Python's and NumPy's global RNGs too (titanloop draws from neither, user code might): checkpoints save and
     # restore them, and a resumed run then matches an uninterrupted one in every saved state.
     random.seed(cfg.training.seed)
     np.random.seed(cfg.training.seed)
-    if cfg.is_retrofit:  # a pretrained HF checkpoint as prelude / recurrent layer / coda, base frozen, real weights
-        from titanloop.retrofit.hf_import import load_retrofit, read_hf_config
-        from titanloop.retrofit.model import RetrofitLM
-
-        if load_weights:
-            return load_retrofit(cfg.retrofit)
-        with torch.device("meta"):  # the dry run: the shape from config.json only
-            model = RetrofitLM(read_hf_config(cfg.retrofit.hf_path)[1], cfg.retrofit)
-        model.freeze_base()
-        return model
-    with torch.device("meta"):
-        model = LoopLM(cfg.looplm)
+    model = family_of(cfg).build(cfg, load_weights)
     if cfg.objective.name == "stage2_gate":
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("early_exit_gate."))
@@ -165,10 +154,11 @@ def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
 
 def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoader, state: TrainState) -> Checkpointer:
     """<run_dir>/checkpoints/step-N (DCP, reshardable) with model, optimizer, LR schedule, the data loader's
-    global position, the train state, per-rank RNG, the resolved config and the stage name (docs/checkpointing.md)."""
+    global position, the train state, per-rank RNG, the resolved config, the stage name and the trained depth (the
+    loop sampler's T, which evaluation and export read back; docs/checkpointing.md)."""
     states = {**engine.checkpoint_states(), "dataloader": dataloader, "train_state": state}
     return Checkpointer(cfg.checkpoint, cfg.training.run_dir, states, config=cfg.to_dict(),
-                        stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"))
+                        stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"), trained_depth=trained_depth(cfg))
 
 
 def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:

@@ -1,0 +1,96 @@
+"""The loop count T has one home, `[loop_sampler] n_loops` (issue 25).
+
+- A config that sets `model.n_loops` (or `retrofit.n_loops`) to another value is refused in one line naming both.
+- No shipped config sets T twice.
+- Checkpoints record the trained depth (titanloop.json "trained_depth"), and loading a checkpoint gives the model
+  that default depth, which evaluation, the sweep, the exit strategies and the HF export read.
+- End to end: `torchrun -m titanloop.train ... --loop_sampler.n_loops 8` alone trains at T = 8, and
+  `python -m titanloop.eval sweep` on its checkpoint evaluates it as trained at T = 8 (default sweep 1..16).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from titanloop.checkpoint.loading import _model_config_from_manifest, trained_depth
+from titanloop.config_errors import ConfigError
+from titanloop.train.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+DEBUG = REPO / "train_configs" / "debug.toml"
+
+
+def test_model_n_loops_that_disagrees_with_the_sampler_is_refused_naming_both_fields():
+    with pytest.raises(ConfigError, match=r"model\.n_loops=4 and loop_sampler\.n_loops=8 disagree.*remove model"):
+        load_config(DEBUG, ["--model.n_loops", "4", "--loop_sampler.n_loops", "8"], world_size=1)
+    with pytest.raises(ConfigError, match=r"model\.n_loops=8 and loop_sampler\.n_loops=4"):
+        load_config(DEBUG, ["--model.n_loops", "8"], world_size=1)  # the sampler's default 4 is the one home
+
+
+def test_the_sampler_alone_sets_the_model_depth_and_the_recorded_config():
+    cfg = load_config(DEBUG, ["--loop_sampler.n_loops", "8"], world_size=1)
+    assert cfg.looplm.n_loops == 8 and cfg.to_dict()["model"]["n_loops"] == 8
+    same = load_config(DEBUG, ["--model.n_loops", "6", "--loop_sampler.n_loops", "6"], world_size=1)
+    assert same.looplm.n_loops == 6  # agreeing values are accepted
+    with pytest.raises(ConfigError, match=r"loop_sampler\.n_loops=20.*model\.max_loops=16"):
+        load_config(DEBUG, ["--loop_sampler.n_loops", "20"], world_size=1)
+
+
+def test_no_shipped_config_sets_the_loop_count_twice():
+    configs = sorted((REPO / "train_configs").rglob("*.toml"))
+    assert len(configs) >= 10
+    for path in configs:
+        raw = tomllib.loads(path.read_text())
+        for section in ("model", "retrofit"):
+            assert "n_loops" not in raw.get(section, {}), f"{path}: [{section}] n_loops (T lives in [loop_sampler])"
+
+
+def test_loading_a_checkpoint_gives_the_model_its_trained_depth():
+    manifest = {"config": {"model": {"preset": "debug-tiny", "n_loops": 4},
+                           "loop_sampler": {"kind": "fixed", "n_loops": 4}},
+                "trained_depth": {"kind": "fixed", "n_loops": 8, "min": 8, "max": 8}}
+    assert _model_config_from_manifest(manifest, Path("x")).n_loops == 8  # the recorded depth wins
+    # written before trained_depth was recorded: the loop sampler trained the model (the model section could lie)
+    old = {"config": {"model": {"preset": "debug-tiny", "n_loops": 4},
+                      "loop_sampler": {"kind": "uniform", "n_loops": 6, "min_sampled": 2, "max_sampled": 6}}}
+    assert trained_depth(old) == {"kind": "uniform", "n_loops": 6, "min": 2, "max": 6}
+    assert _model_config_from_manifest(old, Path("x")).n_loops == 6
+    deep = {"config": {"model": {"preset": "debug-tiny"}}, "trained_depth": {"kind": "fixed", "n_loops": 24}}
+    cfg = _model_config_from_manifest(deep, Path("x"))
+    assert (cfg.n_loops, cfg.max_loops) == (24, 24)
+
+
+@pytest.mark.slow
+def test_sampler_alone_trains_and_evaluates_at_its_depth(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "titanloop.train", "--config", str(DEBUG), "--training.run_dir", str(run_dir), "--training.steps", "3",
+           "--training.seq_len", "32", "--training.micro_batch_size", "2", "--training.global_batch_size", "4",
+           "--loop_sampler.n_loops", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "3",
+           "--metrics.log_freq", "1"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["n_loops"] for r in rows] == [8, 8, 8]
+    manifest = json.loads((run_dir / "checkpoints" / "step-00000003" / "titanloop.json").read_text())
+    assert manifest["trained_depth"] == {"kind": "fixed", "n_loops": 8, "min": 8, "max": 8}
+
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"kind": "synthetic_text", "seed": 1}))
+    out = tmp_path / "eval"
+    proc = subprocess.run([sys.executable, "-m", "titanloop.eval", "sweep", str(run_dir / "checkpoints"), "--data",
+                           str(data), "--out", str(out), "--batch-size", "2", "--max-batches", "1",
+                           "--no-diagnostics"], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["depth_sweep"]["trained_loops"] == 8
+    assert report["depth_sweep"]["loops"] == list(range(1, 17))  # default sweep: 1 .. 2 x the trained T
+    assert report["model"]["config"]["n_loops"] == 8
