@@ -242,3 +242,39 @@ def test_training_config_section_and_checks(dense):
                           (["--parallelism.engine", "deepspeed"], "'fsdp2' for a retrofit run")]:
         with pytest.raises(ConfigError, match=needle):
             load_config(config, base + extra, world_size=2)
+
+
+def test_training_flop_count_of_a_retrofit_run_is_its_own(dense):
+    """The trainer's MFU for a retrofit run comes from its family's FLOP count (RetrofitLM.flops_per_token: frozen
+    prelude forward only, frozen coda / recurrent layer / LM head without weight gradients, controller and gate
+    trained), checked against torch.utils.flop_counter on a real forward + backward at T = 3. Measured 2026-11-25:
+    ours / counted 0.996 for both checkpoints; the LoopLM-shaped view the trainer used before gave 1.93."""
+    from pathlib import Path
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from titanloop.family import family_of
+    from titanloop.train.config import load_config
+
+    path, _ = dense
+    config = Path(__file__).resolve().parents[1] / "train_configs" / "ouroboros_retrofit.toml"
+    b, s, t = 2, 24, 3
+    cfg = load_config(config, ["--retrofit.hf_path", str(path), "--retrofit.n_prelude", "2",
+                               "--retrofit.recurrent_layer", "3", "--retrofit.n_coda", "1", "--retrofit.lora_rank", "4",
+                               "--retrofit.style_dim", "8",
+                               "--data.kind", "synthetic_text", "--training.seq_len", str(s),
+                               "--loop_sampler.n_loops", str(t)], world_size=1)
+    family = family_of(cfg)
+    model = family.build(cfg)
+    _randomize(model.modulation)
+    x = torch.randint(0, 96, (b, s), generator=torch.Generator().manual_seed(1))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(x, t, return_logits="last").logits.float().pow(2).mean().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    attention = counts.pop("aten.bmm")  # the math kernel computes every score; we count the causal half
+    expected = sum(counts.values()) + attention * (s + 1) / (2 * s)
+    ours = family.flops_per_token(cfg, s, t) * b * s
+    assert ours == pytest.approx(expected, rel=0.02), (ours, expected, counts, attention)
+    # the LoopLM-shaped view the trainer used before counted the frozen prelude and coda as trained, T times
+    assert cfg.looplm.flops_per_token(s, n_loops=t) * b * s > 1.1 * expected
