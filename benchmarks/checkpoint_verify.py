@@ -28,7 +28,7 @@ def worker(hidden: int, layers: int, out: str) -> None:
 
     from titanloop.checkpoint import CheckpointConfig, Checkpointer, layout
     from titanloop.train.config import load_config
-    from titanloop.train.engine import build_engine
+    from titanloop.train.engines import build_engine
     from titanloop.train.startup import build_model, init_mesh
 
     world = int(os.environ["WORLD_SIZE"])
@@ -37,7 +37,7 @@ def worker(hidden: int, layers: int, out: str) -> None:
                              "--model.vocab_size", "32768", "--training.global_batch_size", str(4 * world),
                              "--training.micro_batch_size", "4"], world_size=world)
     mesh = init_mesh(cfg)
-    engine = build_engine(cfg, build_model(cfg), mesh, torch.float32, stage_init=False)
+    engine = build_engine(cfg, build_model(cfg), mesh, torch.float32)
     for p in engine.model.parameters():  # create the AdamW state
         p.grad = torch.zeros_like(p)
     engine.step(float("inf"))

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from titanloop.model import LoopLM
 from titanloop.train.config import load_config
-from titanloop.train.engine_deepspeed import DeepSpeedEngine
+from titanloop.train.engines.deepspeed import DeepSpeedEngine
 from titanloop.train.process_exit import exit_without_teardown
 
 out, stage = sys.argv[1], int(sys.argv[2])

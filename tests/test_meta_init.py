@@ -33,7 +33,7 @@ def _worker(out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from titanloop.train.config import load_config
-    from titanloop.train.engine import init_weights, parallelize
+    from titanloop.train.engines import init_weights, parallelize
     from titanloop.train.startup import build_model, init_mesh
 
     world = int(os.environ["WORLD_SIZE"])
@@ -42,7 +42,7 @@ def _worker(out: str) -> None:
         mesh = init_mesh(cfg)
         model = parallelize(cfg, build_model(cfg), mesh, torch.float32)
         assert all(p.device.type == "meta" for p in model.parameters())
-        init_weights(cfg, model, mesh.device, stage_init=False)
+        init_weights(model, mesh.device)
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
             torch.save(state, Path(out) / f"w{world}_tp{tp}_{ac}.pt")

@@ -1,4 +1,4 @@
-"""parallelize_looplm: TP, AC, compile and FSDP2 applied to a LoopLM from outside the model (titanloop.train.engine).
+"""parallelize_looplm: TP, AC, compile and FSDP2 applied to a LoopLM from outside the model (titanloop.train.engines).
 
 Order (as in torchtitan's llama3 parallelize): tensor parallel -> activation checkpointing -> compile ->
 FSDP2. Meshes come from torchtitan's ParallelDims: "fsdp" (data parallel, always present) and "tp".

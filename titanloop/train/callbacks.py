@@ -49,6 +49,7 @@ class StepResult:
     nonfinite_grads: list = field(default_factory=list)  # skipped steps: parameters with a non-finite local grad
     comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
     doc_lengths: list = field(default_factory=list)  # this rank's packed documents (empty: plain causal attention)
+    tokens: int = 0  # tokens of the step over all data-parallel ranks (train() adds them to ntokens_seen)
 
     @property
     def skipped(self) -> bool:

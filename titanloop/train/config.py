@@ -39,6 +39,7 @@ from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
 from titanloop.recipe.schedule_checks import check_schedule
 from titanloop.recipe.stages import StageSection
 from titanloop.retrofit.config import RetrofitConfig
+from titanloop.train.engines import check_engine_config
 
 DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("off", "online", "offline")
@@ -111,8 +112,10 @@ class TrainingSection:
     batch_ramp_start: int = 0  # 0 = no ramp
     batch_ramp_steps: int = 0
     batch_ramp_increment: int = 0  # 0 = batch_ramp_start
-    inject_nan_steps: list = field(default_factory=list)  # testing aid: the last rank's loss is NaN at these steps
-    inject_nan_grad_steps: list = field(default_factory=list)  # testing aid: a NaN gradient on the last rank
+    # testing aids (titanloop.train.fault_injection wraps the engine only when set): the last rank's loss is NaN at
+    # these steps / a NaN gradient on the last rank
+    inject_nan_steps: list = field(default_factory=list)
+    inject_nan_grad_steps: list = field(default_factory=list)
 
     def validate(self):
         require(self.steps >= 1, "training.steps", self.steps, "an integer >= 1")
@@ -156,12 +159,7 @@ class ParallelismSection:
         require_choice(self.reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
         require_choice(self.activation_checkpoint, "parallelism.activation_checkpoint", AC_MODES)
         require_choice(self.engine, "parallelism.engine", ENGINES)
-        if self.engine == "deepspeed":
-            from titanloop.train.engine_deepspeed import check_zero_settings
-
-            check_zero_settings(self.zero_stage, self.zero_offload)
-            require(not self.compile, "parallelism.compile", self.compile,
-                    "false with parallelism.engine='deepspeed' (compile is supported with engine='fsdp2' only)")
+        check_engine_config(self)  # each engine's own settings, checked beside the engine
 
 
 @dataclass

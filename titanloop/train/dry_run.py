@@ -13,13 +13,26 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shlex
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from titanloop.checkpoint import CheckpointConfig, layout
 from titanloop.config_errors import cli_errors, require
+from titanloop.data.shards import is_remote
 from titanloop.family import family_of
-from titanloop.train.config import TrainConfig, mesh_degrees
+from titanloop.objectives import LoopSampler
+from titanloop.recipe import stages
+from titanloop.train.config import TrainConfig, load_config, mesh_degrees, validate_layout
+from titanloop.train.engines import build_lr_schedulers, build_optimizer, parallelize
+from titanloop.train.memory_plan import plan_memory
+from titanloop.train.startup import build_model, default_comm, init_mesh, param_dtype
 
 # Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
 _SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
@@ -31,9 +44,6 @@ def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int,
     `#SBATCH --nodes` x `--gres=gpu:N` (the size it asks for), with the overrides the script itself passes
     (`set -- --section.key value ... "$@"`, e.g. the DeepSpeed engine settings). retrofit=False leaves out
     retrofit runs (a [retrofit] section: their shape comes from a user's pretrained checkpoint)."""
-    import re
-    import shlex
-
     out = []
     for script in sorted((Path(repo) / "slurm").glob("*.sh")):
         text = script.read_text()
@@ -55,9 +65,6 @@ def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int,
 def fake_mesh(cfg: TrainConfig, world_size: int, rank: int = 0):
     """The trainer's init_mesh on torchtitan's fake backend (comm.mode="fake_backend"): this process is `rank` of
     `world_size`. The process group is destroyed on exit, so several dry runs can share one process."""
-    import torch.distributed as dist
-
-    from titanloop.train.startup import default_comm, init_mesh
 
     saved = {k: os.environ.get(k) for k in ("NGPU", "RANK", "LOCAL_RANK")}
     os.environ.update(NGPU=str(world_size), RANK=str(rank), LOCAL_RANK="0")
@@ -89,7 +96,6 @@ class DryRunReport:
 
 
 def _shape_table(model, report: DryRunReport) -> None:
-    from torch.distributed.tensor import DTensor
 
     params = dict(model.named_parameters())
     for key in _SHAPE_KEYS:
@@ -103,7 +109,6 @@ def _shape_table(model, report: DryRunReport) -> None:
 
 def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -> None:
     """Walk the LR, loop-count and batch schedules over every step of the stage."""
-    from titanloop.objectives import LoopSampler
 
     t = cfg.training
     lam = lr_schedulers.schedulers[0].lr_lambdas[0]
@@ -132,7 +137,6 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
 
 
 def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
-    from titanloop.data.shards import is_remote
 
     data = cfg.data
     t = cfg.training
@@ -153,8 +157,6 @@ def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
 
 def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_size: int,
                      report: DryRunReport) -> None:
-    from titanloop.checkpoint import CheckpointConfig, layout
-    from titanloop.recipe import stages
 
     c, t = cfg.checkpoint, cfg.training
     # fp32 weights + two fp32 Adam moments of the trained ones (DCP writes each rank's shards; frozen parameters,
@@ -182,9 +184,6 @@ def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_si
 def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu_mem_gb: float = 80.0,
             ) -> DryRunReport:
     """Everything a real start at `world_size` does, on a fake process group and meta tensors."""
-    from titanloop.train.config import validate_layout
-    from titanloop.train.engine import build_lr_schedulers, build_optimizer, parallelize
-    from titanloop.train.startup import build_model, param_dtype
 
     validate_layout(cfg, world_size)
     dp, tp = mesh_degrees(cfg, world_size)
@@ -215,8 +214,6 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         _checkpoint_plan(cfg, n_params, n_trainable, world_size, report)
         _data_plan(cfg, dp, report)
         if memory_plan:
-            from titanloop.train.memory_plan import plan_memory
-
             report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb)
             report.add(report.memory_plan.text())
     return report
@@ -224,9 +221,7 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
 
 @cli_errors
 def main(config_path: str, overrides: list[str], world_size: int, memory_plan: bool, gpu_mem_gb: float) -> int:
-    import sys
 
-    from titanloop.train.config import load_config
 
     cfg = load_config(config_path, overrides, world_size=world_size)
     report = dry_run(cfg, world_size, memory_plan=memory_plan, gpu_mem_gb=gpu_mem_gb)

@@ -3,7 +3,7 @@
 One step: T loops from the LoopSampler (a function of the step only, the same on every rank); for each
 micro-batch of the step (gradient accumulation; the batch-size ramp may change their number per step): forward
 T loops, the per-loop objective on the full sequence (titanloop.objectives.objective), backward through the engine
-(titanloop.train.engine); one all-reduce of [loss, per-loop statistics]; then the callbacks may veto the
+(titanloop.train.engines); one all-reduce of [loss, per-loop statistics]; then the callbacks may veto the
 optimizer step (a non-finite loss on any rank skips it on every rank); clip, optimizer step, LR step (a non-finite
 gradient norm skips those two and is handled like a non-finite loss).
 Everything else (metrics, checkpoints, preemption, ...) is a callback (titanloop.train.callbacks).
@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,7 @@ def train(run: Run, callbacks: list[Callback]) -> int:
         for cb in callbacks:
             cb.pre_step(run)
         result = train_step(run, batches, callbacks)
+        state.ntokens_seen += result.tokens  # global: the same count at any world size
         for cb in callbacks:
             cb.post_step(run, result)  # metrics, checkpoint, preemption, non-finite stop
     return state.exit_code or 0
@@ -49,26 +52,12 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     with count_collectives() if cfg.metrics.count_comms else nullcontext() as comms:
         n_loops = run.loop_sampler(state.step)
         accum = run.dataloader.grad_accum_at(state.step - 1)
-        engine.zero_grad()
         lr = engine.lr()
-        loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
-        doc_lengths = []  # packed documents of this rank's micro-batches (MFU counts the keys they attend to)
-        for i in range(accum):
-            batch = next(batches)
-            if cfg.training.doc_masking:
-                doc_lengths += document_lengths(batch["doc_ids"])  # a CPU tensor: no device sync
-            loss, stats = forward_objective(run, batch, n_loops)
-            engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
-            if state.step in cfg.training.inject_nan_grad_steps and run.mesh.rank == run.mesh.world_size - 1:
-                next(p for p in engine.model.parameters() if p.grad is not None).grad.mul_(float("nan"))  # testing aid
-            loss_sum += loss.detach() / accum
-            stats = {k: v / accum for k, v in stats.items()}
-            stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
-        loss, per_loop = mean_over_ranks(loss_sum, stats_sum, run.mesh)
-        result = StepResult(state.step, n_loops, loss, per_loop, lr, doc_lengths=doc_lengths)
+        acc = accumulate_gradients(run, batches, n_loops, accum)
+        loss, per_loop = mean_over_ranks(acc.loss_sum, acc.stats_sum, run.mesh)
+        result = StepResult(state.step, n_loops, loss, per_loop, lr, doc_lengths=acc.doc_lengths, tokens=acc.tokens)
         if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
-            max_norm = cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
-            grad_norm = float(engine.step(max_norm))  # a non-finite norm: no optimizer/LR step was taken
+            grad_norm = float(engine.step(max_norm(cfg)))  # a non-finite norm: no optimizer/LR step was taken
             if math.isfinite(grad_norm):
                 result.grad_norm = grad_norm
             else:
@@ -81,6 +70,46 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     result.seconds = time.perf_counter() - start
     result.comms = dict(comms or {})
     return result
+
+
+def max_norm(cfg) -> float:
+    """The clipping bound engine.step takes (training.max_norm; 0 = measure the norm only)."""
+    return cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
+
+
+@dataclass
+class Accumulated:
+    """What the micro-batches of one step leave behind besides their gradients (this rank's values)."""
+
+    loss_sum: torch.Tensor  # mean over micro-batches of the loss
+    stats_sum: dict  # mean over micro-batches of each per-loop statistic
+    doc_lengths: list  # packed documents of this rank's micro-batches (MFU counts the keys they attend to)
+    tokens: int  # tokens of the step over all data-parallel ranks
+
+
+def accumulate_gradients(run: Run, batches, n_loops: int, accum: int,
+                         before_micro_batch: Callable[[], None] | None = None) -> Accumulated:
+    """The gradient-accumulation part of a step, shared by the trainer (train_step) and the memory plan: zero the
+    gradients, then forward T loops + objective and backward for each of `accum` micro-batches from `batches`
+    (gradients synchronized after the last one). `before_micro_batch` is a hook for the memory tracker."""
+    engine = run.engine
+    engine.zero_grad()
+    loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
+    doc_lengths, tokens = [], 0
+    for i in range(accum):
+        if before_micro_batch is not None:
+            before_micro_batch()
+        batch = next(batches)
+        if run.cfg.training.doc_masking:
+            doc_lengths += document_lengths(batch["doc_ids"])  # a CPU tensor: no device sync
+        tokens += batch["labels"].numel() * run.mesh.dp_world
+        loss, stats = forward_objective(run, batch, n_loops)
+        engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
+        loss_sum += loss.detach() / accum
+        stats = {k: v / accum for k, v in stats.items()}
+        stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
+        del loss
+    return Accumulated(loss_sum, stats_sum, doc_lengths, tokens)
 
 
 def nonfinite_grads(model) -> list[str]:
@@ -100,7 +129,6 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
     input_ids = batch["input_ids"].to(mesh.device)
     labels = batch["labels"].to(mesh.device)
     doc_ids = batch["doc_ids"].to(mesh.device) if cfg.training.doc_masking else None
-    run.state.ntokens_seen += labels.numel() * mesh.dp_world  # global: the same count at any world size
 
     def forward_and_objective(model):
         out = model(input_ids, n_loops, doc_ids=doc_ids)
@@ -116,10 +144,7 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
         return loop_objective(cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map,
                               jsrr_state, probes)
 
-    loss, stats = run.engine.forward(forward_and_objective)
-    if run.state.step in cfg.training.inject_nan_steps and mesh.rank == mesh.world_size - 1:
-        loss = loss * float("nan")  # testing aid: a non-finite loss on the last rank only
-    return loss, stats
+    return run.engine.forward(forward_and_objective)
 
 
 def mean_over_ranks(loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh) -> tuple[float, dict]:

@@ -4,9 +4,9 @@ One rank of the run is simulated on the fake process group of the dry run (titan
 model is built on the meta device and parallelized exactly as the trainer does (engine.parallelize), then
 turned into FakeTensors (no memory), and one optimizer step of the trainer's own code runs on it under
 torch's FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): forward T loops + the per-loop objective
-(loop.forward_objective) and engine.backward for two micro-batches (so the gradient-accumulation state is
-included), then engine.step (clip + optimizer); twice, so the peak includes the optimizer state. The tracker
-records every tensor's storage by category (sharded
+and engine.backward for two micro-batches (loop.accumulate_gradients, the trainer's own code; so the
+gradient-accumulation state is included), then engine.step (clip + optimizer); twice, so the peak includes the
+optimizer state. The tracker records every tensor's storage by category (sharded
 and unsharded parameters, gradients, optimizer state, activations, temporaries, collective buffers) and the
 peak over the step. Nothing here is a formula of the model's shape.
 
@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import types
 from dataclasses import dataclass, field
 
 import torch
 
+from titanloop.config_errors import require
 from titanloop.parallel.comm_count import count_collective_bytes
 from titanloop.train.config import TrainConfig
+from titanloop.train.engines import FSDP2Engine, build_lr_schedulers, build_optimizer, init_weights, parallelize
+from titanloop.train.loop import accumulate_gradients, max_norm
+from titanloop.train.startup import TrainState, build_model, param_dtype
 
 GB = 1e9
 # tracker category -> the plan's row
@@ -73,8 +78,7 @@ class MemoryPlan:
 
 
 def _fake_run(cfg: TrainConfig, mesh, engine):
-    """The slice of startup.Run that loop.forward_objective reads."""
-    from titanloop.train.startup import TrainState
+    """The slice of startup.Run that loop.accumulate_gradients reads."""
 
     return types.SimpleNamespace(cfg=cfg, mesh=mesh, engine=engine, state=TrainState(step=1), jsrr_generator=None)
 
@@ -90,8 +94,6 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from titanloop.train.engine import FSDP2Engine, build_lr_schedulers, build_optimizer, init_weights, parallelize
-    from titanloop.train.startup import build_model
 
     t = cfg.training
     n_loops = cfg.loop_sampler.bounds()[1]
@@ -104,7 +106,7 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
         if fake:
             model.to_empty(device=mesh.device)
         else:
-            init_weights(cfg, model, mesh.device, stage_init=False)
+            init_weights(model, mesh.device)
         optimizers = build_optimizer(cfg, model, mesh.dims.tp)
         engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
         run = _fake_run(cfg, mesh, engine)
@@ -117,36 +119,21 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
             for step in range(2):  # the second step runs with the optimizer state the first one created
                 counting = count_collective_bytes() if step == 1 else contextlib.nullcontext()
                 with counting as nbytes:
-                    _step(run, engine, batch, n_loops, micro_batches)
+                    # the trainer's own step (titanloop.train.loop), without the loss all-reduce and callbacks
+                    accumulate_gradients(run, itertools.repeat(batch), n_loops, micro_batches,
+                                         before_micro_batch=tracker.reset_mod_stats)  # per-module stats only
+                    engine.step(max_norm(cfg))
                 if comm_bytes is not None and nbytes is not None:
                     comm_bytes.update(nbytes)
         snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
 
 
-def _step(run, engine, batch, n_loops: int, micro_batches: int) -> None:
-    """One optimizer step as titanloop.train.loop.train_step runs it (without the loss all-reduce and callbacks)."""
-    from titanloop.train.loop import forward_objective
-
-    t = run.cfg.training
-    engine.zero_grad()
-    for i in range(micro_batches):
-        run.tracker.reset_mod_stats()  # per-module stats only; the peak snapshot is kept
-        loss, _ = forward_objective(run, batch, n_loops)
-        engine.backward(loss * (1.0 / micro_batches), last_micro_batch=i == micro_batches - 1)
-        del loss
-    engine.step(t.max_norm if t.max_norm > 0 else float("inf"))
-
-
 def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0,
                 attention: str = "fused") -> MemoryPlan:
     """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
-    from titanloop.config_errors import require
-
     require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
             "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)")
-    from titanloop.train.startup import param_dtype
-
     # Document masking is planned as causal attention (same memory with flash varlen; fake tensors cannot run
     # the data-dependent document boundaries).
     planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))

@@ -3,8 +3,8 @@
     load_config (titanloop.train.config: every check that needs no process group, one-line errors)
     -> init_mesh        process group (torchtitan's init_distributed) + ParallelDims and its device meshes
     -> build_model      the LoopLM on the meta device (seeded: the same full weights on every layout)
-    -> build_engine     parallelize (TP/AC/compile/FSDP2), allocate and initialize this rank's shards (or load
-                        the previous stage's weights into them), optimizer, LR schedule (titanloop.train.engine)
+    -> build_stage_engine  parallelize (TP/AC/compile/FSDP2), allocate and initialize this rank's shards (or load
+                        the previous stage's weights into them), optimizer, LR schedule (titanloop.train.engines)
     -> build_data       this data-parallel rank's loader (titanloop.data)
     -> build_checkpointer  atomic DCP checkpoints of engine, loader and TrainState (titanloop.checkpoint)
 
@@ -34,7 +34,9 @@ from titanloop.family import family_of, trained_depth
 from titanloop.objectives import LoopSampler
 from titanloop.train.config import TrainConfig, mesh_degrees
 from titanloop.train.cpu_shim import use_cpu_if_no_gpu
-from titanloop.train.engine import Engine, build_engine
+from titanloop.recipe import stages
+from titanloop.train.engines import Engine, build_engine
+from titanloop.train.fault_injection import with_fault_injection
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -144,6 +146,19 @@ def build_model(cfg: TrainConfig, load_weights: bool = True) -> nn.Module:
     return model
 
 
+def build_stage_engine(cfg: TrainConfig, model: nn.Module, mesh: Mesh, dtype: torch.dtype, stage_init: bool) -> Engine:
+    """The engine `parallelism.engine` names (titanloop.train.engines); a new stage (stage_init) starts from the
+    previous stage's weights and, where the stage keeps it, its optimizer state (titanloop.recipe.stages). This is
+    the one place a stage is initialized, for either engine."""
+    def previous_stage_weights(module: nn.Module) -> None:
+        stages.load_stage_weights(module, cfg.stage, stages.previous_stage_state(cfg.stage, module))
+
+    engine = build_engine(cfg, model, mesh, dtype, previous_stage_weights if stage_init else None)
+    if stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):
+        stages.load_previous_stage_optimizer(cfg.stage, engine.optimizer_state(), engine.lr_schedulers)
+    return engine
+
+
 def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
     t = cfg.training
     ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
@@ -168,9 +183,9 @@ def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
     unique = {id(p): p for p in model.parameters()}.values()
     n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
     dtype = param_dtype(cfg, mesh.device_type)
-    engine = build_engine(cfg, model, mesh, dtype, stage_init)
+    state = TrainState()
+    engine = with_fault_injection(build_stage_engine(cfg, model, mesh, dtype, stage_init), cfg.training, state, mesh)
     loop_sampler = LoopSampler(cfg.loop_sampler)
     dataloader = build_data(cfg, mesh)
-    state = TrainState()
     checkpointer = build_checkpointer(cfg, engine, dataloader, state)
     return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, n_trainable)

@@ -40,6 +40,8 @@ import torch
 import torch.nn as nn
 
 from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.parallel.activation_checkpoint import apply_activation_checkpointing
+from titanloop.train.engines.base import build_lr_schedulers, init_weights, optimizer_kwargs
 
 STAGES = (2, 3)
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -170,6 +172,9 @@ class DeepSpeedEngine:
     def checkpoint_states(self) -> dict:
         return {"model": DeepSpeedModelState(self), "optimizer": DeepSpeedOptimizerState(self),
                 "lr_scheduler": self.lr_schedulers}
+
+    def optimizer_state(self) -> "DeepSpeedOptimizerState":
+        return DeepSpeedOptimizerState(self)
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The LoopLM's parameters by FQN (tied ones once, under their first name)."""
@@ -315,23 +320,18 @@ class DeepSpeedOptimizerState:
                     group[k] = tuple(v) if isinstance(group[k], tuple) else v
 
 
-def build_deepspeed_engine(cfg, model: nn.Module, device, param_dtype: torch.dtype, stage_init: bool):
-    """The DeepSpeed counterpart of titanloop.train.engine.build_engine: activation checkpointing, the same
-    AdamW and LR schedule as FSDP2, deepspeed.initialize; a new stage may start from the previous stage's
-    optimizer state."""
-    from titanloop.parallel.activation_checkpoint import apply_activation_checkpointing
-    from titanloop.recipe import stages
-    from titanloop.train.engine import build_lr_schedulers, init_weights, optimizer_kwargs
-
+def build_deepspeed_engine(cfg, model: nn.Module, device, param_dtype: torch.dtype,
+                           load_weights: Callable[[nn.Module], None] | None = None) -> "DeepSpeedEngine":
+    """The DeepSpeed counterpart of titanloop.train.engines.fsdp2.build_fsdp2_engine: activation checkpointing,
+    the full model from the seed (then `load_weights`, e.g. a previous stage's), the same AdamW and LR schedule as
+    FSDP2, deepspeed.initialize."""
     p = cfg.parallelism
     apply_activation_checkpointing(model, p.activation_checkpoint)
-    init_weights(cfg, model, device, stage_init)  # the full (unsharded) model from the seed, as FSDP2's shards
+    init_weights(model, device, load_weights)  # the full (unsharded) model from the seed, as FSDP2's shards
     model.train()
     optimizer = getattr(torch.optim, cfg.optimizer.name)(model.parameters(), **optimizer_kwargs(cfg), foreach=True)
     engine = DeepSpeedEngine(model, optimizer, zero_stage=p.zero_stage, offload=p.zero_offload,
                              micro_batch_size=cfg.training.micro_batch_size, max_norm=cfg.training.max_norm,
                              bf16=param_dtype == torch.bfloat16)
     engine.lr_schedulers = build_lr_schedulers(cfg, [optimizer])
-    if stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):
-        stages.load_previous_stage_optimizer(cfg.stage, DeepSpeedOptimizerState(engine), engine.lr_schedulers)
     return engine

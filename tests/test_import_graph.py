@@ -1,0 +1,119 @@
+"""titanloop's modules import each other without a circle, counting imports inside functions too (issue 25).
+
+A circle among modules works only while one of its imports sits inside a function, and breaks the day someone
+moves it to the top. The graph below is read from the source (ast), so it sees function-level imports:
+- `import titanloop.x` / `from titanloop.x import name`: an edge to titanloop.x.name when that is a module,
+  else to titanloop.x;
+- imports under `if TYPE_CHECKING:` are annotations only and do not count;
+- an edge from a module to one of its own parent packages does not count (the package's __init__ runs before
+  any of its submodules, whoever imports them).
+A second test keeps function-level imports of titanloop's own modules to an explicit, justified list.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in (ROOT / "titanloop").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, tuple[int, bool]]]:
+    """module -> {imported module: (line, inside a function)}."""
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, dict[str, tuple[int, bool]]] = {m: {} for m in mods}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_nodes(tree)
+        in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       for n in ast.walk(f)}
+        package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for target in targets:
+                dep = resolve(target) if target.startswith("titanloop") else None
+                if dep and dep != mod and not mod.startswith(dep + "."):
+                    edges[mod].setdefault(dep, (node.lineno, id(node) in in_function))
+    return edges
+
+
+def circles(edges) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_among_titanloop_modules():
+    edges = import_edges(_modules())
+    found = circles(edges)
+    detail = [f"{a} -> {b} (line {edges[a][b][0]}{', in a function' if edges[a][b][1] else ''})"
+              for comp in found for a in comp for b in edges[a] if b in comp]
+    assert not found, "import circle(s): " + "; ".join(detail)
+
+
+def test_the_checker_finds_a_circle_hidden_in_a_function(tmp_path):
+    """The checker itself can fail: a two-module circle whose second import sits inside a function."""
+    pkg = tmp_path / "titanloop"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from titanloop.b import g\n\ndef f():\n    return g()\n")
+    (pkg / "b.py").write_text("def g():\n    from titanloop.a import f\n    return f\n")
+    mods = {"titanloop": pkg / "__init__.py", "titanloop.a": pkg / "a.py", "titanloop.b": pkg / "b.py"}
+    edges = import_edges(mods)
+    assert edges["titanloop.b"]["titanloop.a"][1] is True
+    assert circles(edges) == [["titanloop.a", "titanloop.b"]]

@@ -1,0 +1,102 @@
+"""The FSDP2 engine: FSDP2 over the data-parallel mesh, tensor/sequence parallelism, activation checkpointing and
+per-layer compile (titanloop.parallel, applied from outside the model), torchtitan's optimizer and LR-scheduler
+containers. It implements the engine seam of titanloop.train.engines.base.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
+from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+from torchtitan.distributed import utils as dist_utils
+
+from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gradient_sync
+from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
+from titanloop.recipe.schedules import StagedLRSchedulers
+from titanloop.train.engines.base import build_lr_schedulers, init_weights, optimizer_kwargs
+
+if TYPE_CHECKING:  # annotations only: the config module imports the engines' config checks
+    from titanloop.train.config import TrainConfig
+
+
+class FSDP2Engine:
+    def __init__(self, model: nn.Module, optimizers: OptimizersContainer, lr_schedulers: StagedLRSchedulers,
+                 mixed_meshes: bool):
+        self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
+        self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
+        self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
+
+    def forward(self, fn: Callable[[nn.Module], Any]) -> Any:
+        return fn(self.model)
+
+    def zero_grad(self) -> None:
+        self.optimizers.zero_grad()
+
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
+        set_gradient_sync(self.model, last_micro_batch)
+        loss.backward()
+        if last_micro_batch:
+            reshard_looped_layers(self.model)  # the looped stack stayed unsharded through all T backward calls
+
+    def step(self, max_norm: float) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # Per-gradient norms of the local shards before clipping (one foreach kernel, no host sync): with a NaN/Inf
+        # total norm, clipping spreads it to every gradient, so this is what says which gradient went bad.
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for _, g in named]
+        per_grad = torch._foreach_norm(local) if local else []
+        if self.mixed_meshes:
+            grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
+        else:
+            grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=True)
+        self.nonfinite_grads = []
+        # The norm is reduced over all ranks: every rank takes the same branch. On fake tensors (the dry run's
+        # memory plan) the value is unknown and the step is planned as a finite one.
+        if is_fake(grad_norm) or torch.isfinite(grad_norm):
+            self.optimizers.step()
+            self.lr_schedulers.step()
+        elif per_grad:
+            finite = torch.isfinite(torch.stack(per_grad)).tolist()
+            self.nonfinite_grads = [name for (name, _), ok in zip(named, finite) if not ok]
+        return grad_norm
+
+    def lr(self) -> float:
+        return self.lr_schedulers.schedulers[0].get_last_lr()[0]
+
+    def checkpoint_states(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizers, "lr_scheduler": self.lr_schedulers}
+
+    def optimizer_state(self) -> OptimizersContainer:
+        return self.optimizers
+
+
+def parallelize(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype) -> nn.Module:
+    """TP -> AC -> compile -> FSDP2 (titanloop.parallel), in train mode; a meta-device model stays on meta."""
+    p = cfg.parallelism
+    model = parallelize_looplm(model, parallel_dims=mesh.dims, tp_mesh=mesh.tp_mesh,
+                               sequence_parallel=p.sequence_parallel, activation_checkpoint=p.activation_checkpoint,
+                               compile=p.compile, compile_backend=p.compile_backend, param_dtype=param_dtype,
+                               reduce_dtype=torch.float32, reshard_looped=p.reshard_looped)
+    model.train()
+    return model
+
+
+def build_optimizer(cfg: "TrainConfig", model: nn.Module, tp: int) -> OptimizersContainer:
+    config = OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=cfg.optimizer.name,
+                                       optimizer_kwargs=optimizer_kwargs(cfg))],
+        # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
+        implementation="for-loop" if tp > 1 else "foreach")
+    return config.build(model_parts=[model])
+
+
+def build_fsdp2_engine(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype,
+                       load_weights: Callable[[nn.Module], None] | None = None) -> FSDP2Engine:
+    """Parallelize the (meta) model, materialize its shards (then `load_weights`, e.g. a previous stage's), build
+    its optimizer and LR schedule."""
+    model = parallelize(cfg, model, mesh, param_dtype)
+    init_weights(model, mesh.device, load_weights)
+    optimizers = build_optimizer(cfg, model, mesh.dims.tp)
+    return FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
