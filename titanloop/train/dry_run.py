@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from titanloop.checkpoint import CheckpointConfig, layout
 from titanloop.config_errors import cli_errors, require
+from titanloop.data.loader import micro_batches_per_rank
 from titanloop.data.shards import is_remote
 from titanloop.family import family_of
 from titanloop.objectives import LoopSampler
@@ -114,7 +115,6 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
     lam = lr_schedulers.schedulers[0].lr_lambdas[0]
     sampler = LoopSampler(cfg.loop_sampler)
     ramp = t.batch_ramp()
-    per_round = t.micro_batch_size * dp
     lrs, loops, accums, tokens = [], set(), set(), 0
     for step in range(t.steps):
         factor = lam(step)
@@ -125,9 +125,7 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
         if cfg.loop_sampler.kind != "fixed" or step == 0:
             loops.add(sampler(step))
         batch = ramp.batch_at(step) if ramp else t.global_batch_size
-        require(batch % per_round == 0, "training.global_batch_size", batch,
-                f"a multiple of micro_batch_size*dp={per_round} at step {step}")
-        accums.add(batch // per_round)
+        accums.add(micro_batches_per_rank(batch, t.micro_batch_size, dp))  # the trainer's count (and check)
         tokens += batch * t.seq_len
     report.add("schedules over all " + f"{t.steps:,} steps: LR " +
                ", ".join(f"{lr:.3g} at step {s}" for s, lr in lrs) +

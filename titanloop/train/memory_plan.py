@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from titanloop.config_errors import require
+from titanloop.data.loader import micro_batches_per_rank
 from titanloop.parallel.comm_count import count_collective_bytes
 from titanloop.train.config import TrainConfig
 from titanloop.train.engines import FSDP2Engine, build_lr_schedulers, build_optimizer, init_weights, parallelize
@@ -138,7 +139,8 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
     # the data-dependent document boundaries).
     planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))
     ramp = cfg.training.batch_ramp()
-    accum = (ramp.end if ramp else cfg.training.global_batch_size) // (cfg.training.micro_batch_size * mesh.dp_world)
+    accum = micro_batches_per_rank(ramp.end if ramp else cfg.training.global_batch_size,
+                                   cfg.training.micro_batch_size, mesh.dp_world)  # the trainer's count at full batch
     snap = measure_step(planned, mesh, param_dtype(cfg, "cuda"), micro_batches=min(2, accum), attention=attention)
     rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
     n_loops = cfg.loop_sampler.bounds()[1]
