@@ -117,3 +117,22 @@ def test_the_checker_finds_a_circle_hidden_in_a_function(tmp_path):
     edges = import_edges(mods)
     assert edges["titanloop.b"]["titanloop.a"][1] is True
     assert circles(edges) == [["titanloop.a", "titanloop.b"]]
+
+
+def test_every_function_level_import_of_titanloop_says_why():
+    """Imports of titanloop's own modules sit at the top of the module; one inside a function (an optional or
+    heavy dependency, a CLI that must answer before torch loads) carries a one-line reason: a comment on its
+    line or on the line above it."""
+    missing = []
+    for mod, path in sorted(_modules().items()):
+        lines = path.read_text().split("\n")
+        tree = ast.parse("\n".join(lines))
+        for f in ast.walk(tree):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(f):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("titanloop"):
+                    here, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                    if "#" not in here and not above.startswith("#") and not above.startswith("from titanloop"):
+                        missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, f"function-level imports of titanloop modules without a reason: {missing}"

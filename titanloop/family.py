@@ -31,8 +31,12 @@ import torch
 import torch.nn as nn
 
 from titanloop.config_errors import require
+from titanloop.interchange.ouro_hf import export_ouro_hf
 from titanloop.model import LoopLM
 from titanloop.model.config import LoopLMConfig
+from titanloop.retrofit.export import export_hf
+from titanloop.retrofit.hf_import import load_retrofit, looplm_view, read_hf_config
+from titanloop.retrofit.model import RetrofitLM
 
 if TYPE_CHECKING:  # only for annotations: the train config imports this module
     from titanloop.train.config import TrainConfig
@@ -78,7 +82,6 @@ class LoopLMFamily:
         return []
 
     def export(self, model: nn.Module, out_dir, **kwargs):
-        from titanloop.interchange.ouro_hf import export_ouro_hf  # interchange depends on the model, not back
 
         return export_ouro_hf(model, out_dir, **kwargs)
 
@@ -93,14 +96,9 @@ class RetrofitFamily:
         self._meta_models: dict[tuple, nn.Module] = {}  # FLOP counting needs the built shape, not the weights
 
     def shape(self, cfg: "TrainConfig") -> LoopLMConfig:
-        from titanloop.retrofit.hf_import import looplm_view  # reads config.json (transformers: an optional extra)
-
         return looplm_view(cfg.retrofit)
 
     def build(self, cfg: "TrainConfig", load_weights: bool = True) -> nn.Module:
-        from titanloop.retrofit.hf_import import load_retrofit, read_hf_config
-        from titanloop.retrofit.model import RetrofitLM
-
         if load_weights:
             return load_retrofit(cfg.retrofit)
         with torch.device("meta"):  # the dry run: the shape from config.json only
@@ -111,8 +109,6 @@ class RetrofitFamily:
     def check_layout(self, cfg: "TrainConfig", tp: int, max_loops: int) -> None:
         """What a retrofit run supports: its shape comes from the HF checkpoint, it decodes only the last recurrence
         step, and its per-step parameters bound the loop count."""
-        from titanloop.retrofit.hf_import import read_hf_config
-
         r = cfg.retrofit
         require(not cfg.model.overrides, "model", cfg.model.overrides,
                 "no [model] keys in a retrofit run (the shape comes from retrofit.hf_path's config.json)")
@@ -146,8 +142,6 @@ class RetrofitFamily:
                 f"{run.n_params - run.n_trainable:,} frozen | modulation {cfg.retrofit.modulation}"]
 
     def export(self, model: nn.Module, out_dir, **kwargs):
-        from titanloop.retrofit.export import export_hf
-
         return export_hf(model, out_dir)
 
 

@@ -18,6 +18,9 @@ import torch
 
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, LoopLMConfig, preset
+from titanloop.interchange.ouro_hf import import_ouro_hf
+from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
+from titanloop.checkpoint import layout
 
 ACCEPTED = ("an Ouro Hugging Face directory (config.json + *.safetensors, from titanloop.interchange "
             "export_ouro_hf)", "a titanloop DCP checkpoint (step-N dir or the folder with `latest`)")
@@ -72,8 +75,6 @@ def _model_config_from_manifest(manifest: dict, ckpt: Path) -> LoopLMConfig:
 def published_step_dir(path: Path) -> tuple[Path, dict]:
     """(step dir, manifest) of a titanloop.checkpoint DCP checkpoint: a step dir, or a folder whose `latest`
     names one. ConfigError for anything else."""
-    from titanloop.checkpoint import layout
-
     if not (path / ".metadata").is_file():
         step = layout.latest_step(path)
         if step is None:
@@ -92,7 +93,6 @@ def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, 
     restricted reader); `tied` names parameters that may be absent because they share another one's storage."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
 
     stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
     live = model.state_dict()
@@ -120,8 +120,6 @@ def load_model(path, device="cpu", dtype: torch.dtype | None = None) -> LoopLM:
     """Load a LoopLM from `path` (formats in the module docstring), in eval mode."""
     fmt = checkpoint_format(path)
     if fmt == "ouro_hf":
-        from titanloop.interchange.ouro_hf import import_ouro_hf
-
         model = import_ouro_hf(path, device=device, dtype=dtype)
     else:
         model = _load_dcp(Path(path), device, dtype)

@@ -18,6 +18,7 @@ from titanloop.data.errors import ShardError
 from titanloop.data.loader import PackedLoader
 from titanloop.data.synthetic_tasks import TaskSource, build_task
 from titanloop.data.synthetic_text import SyntheticTextSource
+from titanloop.data.shards import open_shard_sources
 
 
 def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, global_batch_size: int,
@@ -40,7 +41,6 @@ def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, gl
                               "not the training loader: use split='train'")
         sources, weights = [TaskSource(task, seq_len, cfg.seed, train_size)], [1.0]
     else:
-        from titanloop.data.shards import open_shard_sources
         sources = open_shard_sources(cfg, seq_len=seq_len, vocab_size=vocab_size)
         weights = [s.weight for s in cfg.sources]
     return PackedLoader(sources, weights, kind=cfg.kind, seed=cfg.seed, micro_batch_size=micro_batch_size,

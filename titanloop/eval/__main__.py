@@ -38,7 +38,7 @@ def _floats(s: str) -> list[float]:
 
 def load_data(spec: str, seed: int = 0):
     """The --data argument -> a dataset titanloop.eval accepts (see DATA_HELP)."""
-    from titanloop.data import DataConfig
+    from titanloop.data import DataConfig  # (CLI: `--help` and argument errors answer before torch is imported)
 
     if spec.startswith("task:"):
         return DataConfig(kind="synthetic_task", task=spec[len("task:"):], split="eval", seed=seed)
@@ -70,7 +70,7 @@ def load_data(spec: str, seed: int = 0):
 
 
 def _sweep(args) -> None:
-    from titanloop.eval import EvalConfig, evaluate, load_model, write_report
+    from titanloop.eval import EvalConfig, evaluate, load_model, write_report  # (CLI: torch only once needed)
 
     cfg = EvalConfig(loops=args.loops, exit_loops=args.exit_loops, batch_size=args.batch_size,
                      max_batches=args.max_batches, seq_len=args.seq_len, chunk_size=args.chunk_size,
@@ -98,6 +98,7 @@ def _sweep(args) -> None:
 
 
 def _generate(args) -> None:
+    # (CLI: torch only once a subcommand runs)
     from titanloop.eval import load_model
     from titanloop.eval.generate import GenerationConfig, generate
 

@@ -20,6 +20,8 @@ import torch
 
 from titanloop.config_errors import ConfigError, require
 from titanloop.objectives import IGNORE_INDEX
+from titanloop.data.synthetic_tasks import build_task, eval_batches as task_eval_batches
+from titanloop.data import build_dataloader
 
 DEFAULT_MAX_BATCHES = 8
 
@@ -66,14 +68,11 @@ def _data_config_batches(cfg, batch_size: int, n_batches: int, seq_len: int, voc
     (one example per row, labels on the answer), else the first micro-batches of the training loader."""
     require(vocab_size is not None, "vocab_size", vocab_size, "the model's vocab size when dataset is a DataConfig")
     if cfg.kind == "synthetic_task" and cfg.split == "eval":
-        from titanloop.data.synthetic_tasks import build_task, eval_batches as task_eval_batches
-
         options = {k: v for k, v in cfg.task_options.items() if k != "train_size"}
         task = build_task(cfg.task, seed=cfg.seed, **options)
         require(task.vocab_size <= vocab_size, "model vocab_size", vocab_size,
                 f">= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
         return list(task_eval_batches(task, n_batches * batch_size, batch_size, seed=cfg.seed))
-    from titanloop.data import build_dataloader
 
     loader = build_dataloader(cfg, seq_len=seq_len, micro_batch_size=batch_size, global_batch_size=batch_size,
                               dp_rank=0, dp_world=1, vocab_size=vocab_size)

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from titanloop.config_errors import ConfigError
+from titanloop.eval.sweep import REPORT_SCHEMA
 
 REQUIRED = {
     "schema": str, "model": dict, "data": dict, "config": dict, "depth_sweep": dict, "exit_frontier": dict,
@@ -27,8 +28,6 @@ STRATEGIES = ("static", "q_exit", "hidden_diff", "logit_margin", "ash")
 
 def validate_report(report: dict) -> None:
     """Raise ConfigError naming the first missing or mistyped field of a titanloop.eval/v1 report."""
-    from titanloop.eval.sweep import REPORT_SCHEMA
-
     for key, typ in REQUIRED.items():
         if not isinstance(report.get(key), typ):
             raise ConfigError(f"report[{key!r}] is missing or not a {typ.__name__}: expected a {REPORT_SCHEMA} report")

@@ -109,6 +109,8 @@ def to_looplm_state(state: dict[str, torch.Tensor], model: LoopLM) -> dict[str, 
 def import_zero_checkpoint(ds_dir, config_path, out_run_dir, tag: str | None = None,
                            overrides: list[str] | None = None) -> Path:
     """Write the DeepSpeed checkpoint's weights as a titanloop checkpoint in out_run_dir; returns the step dir."""
+    # (the trainer's config module imports the model families, which import interchange: only this function, the
+    # checkpoint import, needs the trainer, so titanloop.interchange imports without it)
     from titanloop.checkpoint import CheckpointConfig, Checkpointer, layout
     from titanloop.train.config import load_config
 

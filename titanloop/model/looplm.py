@@ -32,6 +32,7 @@ from titanloop.model.attention import (apply_rope, attention, causal_mask, docum
                                       rope_cos_sin)
 from titanloop.model.config import LoopLMConfig
 from titanloop.model.init import draw_seed
+from titanloop.model.init import init_parameters
 
 
 class RMSNorm(nn.Module):
@@ -77,7 +78,6 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
-
     def __init__(self, cfg: LoopLMConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
@@ -90,7 +90,6 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Sandwich RMSNorm: h += norm2(attn(norm1(h))); h += norm2'(mlp(norm1'(h)))."""
-
     def __init__(self, cfg: LoopLMConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -109,7 +108,6 @@ class DecoderLayer(nn.Module):
 @dataclass
 class LoopLMOutput:
     """What one forward returns, per loop t = 1..T (index t-1)."""
-
     readouts: list[torch.Tensor]  # [B, S, H] each: what the shared LM head decodes at loop t
     states: list[torch.Tensor]  # [B, S, H] each: raw hidden state H_t after loop t (scale diagnostics)
     gate_logits: torch.Tensor  # [T, B, S]: exit-gate logits, λ_t = sigmoid(gate_logits[t-1])
@@ -125,7 +123,6 @@ class LoopLMOutput:
 @dataclass
 class LoopStep:
     """One loop t of a forward, as `LoopLM.loops` yields it (t = 1..T)."""
-
     t: int  # 1-based loop index
     loop_input: torch.Tensor  # [B, S, H] x_{t-1}: the input this loop received (JSRR linearizes Φ here)
     state: torch.Tensor  # [B, S, H] raw hidden state H_t after the looped block
@@ -185,8 +182,6 @@ class LoopLM(nn.Module):
         `torch.manual_seed(s); LoopLM(cfg)` is reproducible). Each parameter has its own generator, so the
         values do not depend on the order, the device placement of other parameters or the sharding
         (titanloop.model.init materializes only a rank's shards and gets the same full weights)."""
-        from titanloop.model.init import init_parameters
-
         init_parameters(self, seed)
 
     # ----- pieces the objectives and parallel plans use -----------------------------------------

@@ -1,7 +1,6 @@
 """Stage transitions of Ouro's recipe: a stage starts from the previous stage's checkpoint with its own changes.
 
 A stage config (train_configs/stage*.toml) has a `[stage]` section:
-
     [stage]
     name = "stage2_ct_anneal"                          # recorded in every checkpoint and in W&B
     init_from = "runs/ouro/stage1b_1p4b/checkpoints"   # previous stage: checkpoint folder, step dir or Ouro HF dir
@@ -28,6 +27,10 @@ from pathlib import Path
 from titanloop.config_errors import ConfigError, require_choice
 from titanloop.model import LoopLM
 from titanloop.recipe.upcycle import ORDERS, upcycle_state_dict
+from titanloop.checkpoint import CheckpointConfig, Checkpointer
+from titanloop.checkpoint.loading import load_model
+from titanloop.checkpoint.loading import checkpoint_format
+from titanloop.checkpoint import layout
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +50,6 @@ class StageSection:
 
 def checkpoint_folder(path: str | Path) -> tuple[Path, int] | None:
     """(folder holding step-N dirs, step) of a titanloop checkpoint path, or None for an Ouro HF directory."""
-    from titanloop.checkpoint import layout
-    from titanloop.checkpoint.loading import checkpoint_format
-
     p = Path(path)
     if checkpoint_format(p) == "ouro_hf":
         return None
@@ -65,8 +65,6 @@ def checkpoint_folder(path: str | Path) -> tuple[Path, int] | None:
 def previous_stage_state(stage: StageSection, model: LoopLM) -> dict:
     """The weights the new stage starts from, shaped for `model`: loaded from stage.init_from, duplicated when
     upcycling, and checked tensor by tensor (one-line error naming the first tensor that differs)."""
-    from titanloop.checkpoint.loading import load_model
-
     src = load_model(stage.init_from)
     old_cfg, new_cfg = src.cfg, model.cfg
     state = src.state_dict()
@@ -113,8 +111,6 @@ def keeps_optimizer(stage: StageSection, objective_name: str) -> bool:
 def load_previous_stage_optimizer(stage: StageSection, optimizers, lr_schedulers) -> None:
     """Load the previous stage's optimizer state (any world size), then put the new stage's LR back on the
     param groups (the loaded state carries the previous stage's last LR)."""
-    from titanloop.checkpoint import CheckpointConfig, Checkpointer
-
     folder, step = checkpoint_folder(stage.init_from)
     source = Checkpointer(CheckpointConfig(enable=True, folder="."), folder, {"optimizer": optimizers})
     source.load(step)

@@ -30,6 +30,10 @@ from pathlib import Path
 import torch
 
 from titanloop.config_errors import ConfigError, cli_errors, require_choice
+from titanloop.checkpoint.safe_reader import read_dcp_entries
+from titanloop.interchange.ouro_hf import export_ouro_hf
+from titanloop.checkpoint.loading import load_model
+from titanloop.model import LoopLM
 
 ORDERS = ("stack", "interleave")
 _LAYER_KEY = re.compile(r"(^|[./])layers\.(\d+)\.")
@@ -79,8 +83,6 @@ def upcycle_state_dict(state: dict, order: str = "stack", drop_optimizer: bool =
 
 def upcycle_model(model, order: str = "stack"):
     """An in-memory LoopLM -> a new LoopLM with 2L looped layers (same other config)."""
-    from titanloop.model import LoopLM
-
     cfg = model.cfg.replace(n_layers=2 * model.cfg.n_layers)
     new = LoopLM(cfg)
     new.load_state_dict(upcycle_state_dict(model.state_dict(), order), strict=True)
@@ -89,9 +91,6 @@ def upcycle_model(model, order: str = "stack"):
 
 def upcycle_hf_dir(src: str | Path, dst: str | Path, order: str = "stack") -> Path:
     """An Ouro HF directory or a titanloop training checkpoint (L layers) -> an Ouro HF directory with 2L."""
-    from titanloop.checkpoint.loading import load_model
-    from titanloop.interchange.ouro_hf import export_ouro_hf
-
     dst = Path(dst)
     if dst.exists() and any(dst.iterdir()):
         raise ConfigError(f"upcycle: destination {dst} exists and is not empty; choose a new directory")
@@ -105,7 +104,6 @@ def upcycle_dcp(src: str | Path, dst: str | Path, order: str = "stack", drop_opt
     needed; the output reshards on load like any DCP checkpoint)."""
     import torch.distributed.checkpoint as dcp
 
-    from titanloop.checkpoint.safe_reader import read_dcp_entries
 
     src, dst = Path(src), Path(dst)
     if not (src / ".metadata").is_file():

@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     ex.add_argument("--checkpoint", required=True, help="DCP step dir, or the checkpoint folder (newest step)")
     ex.add_argument("--out", required=True, help="output directory")
     args = ap.parse_args(argv)
-    from titanloop.retrofit.export import export_from_checkpoint
+    from titanloop.retrofit.export import export_from_checkpoint  # (CLI: `--help` answers before torch is imported)
 
     out = export_from_checkpoint(args.checkpoint, args.out)
     print(f"wrote {out} (model_type titanloop_retrofit)")

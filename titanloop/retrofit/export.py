@@ -19,6 +19,7 @@ from pathlib import Path
 from titanloop.config_errors import ConfigError
 from titanloop.retrofit.config import RetrofitConfig
 from titanloop.retrofit.model import DenseShape, RetrofitLM
+from titanloop.retrofit.checkpoint import load_retrofit_checkpoint
 
 MODEL_TYPE = "titanloop_retrofit"
 REMOTE_DIR = Path(__file__).parent / "hf_remote"
@@ -95,7 +96,5 @@ def load_exported(path) -> RetrofitLM:
 
 def export_from_checkpoint(checkpoint, out_dir) -> Path:
     """Export the model of a titanloop training checkpoint (DCP step dir or checkpoint folder) of a retrofit run."""
-    from titanloop.retrofit.checkpoint import load_retrofit_checkpoint
-
     return export_hf(load_retrofit_checkpoint(checkpoint), out_dir)
 

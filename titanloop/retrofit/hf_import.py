@@ -4,7 +4,6 @@ The config is read with transformers' own config classes (AutoConfig -> Qwen2Con
 files only); weights come from `model.safetensors` or a sharded `model.safetensors.index.json`, read one
 tensor at a time. Kept layers are copied; the removed layers only contribute the SVD-initialized LoRA bases
 (ouroboros §3.2):
-
     Δ_k = mean_{l removed} (W_{l,k} - W_{R,k}),  Δ_k = U S V^T,  A_k = V_r^T,  B_k = U_r S_r  (both frozen)
 """
 
@@ -19,6 +18,7 @@ import torch
 from titanloop.config_errors import ConfigError, require
 from titanloop.retrofit.config import TARGETS, RetrofitConfig
 from titanloop.retrofit.model import DenseShape, RetrofitLM
+from titanloop.model.config import LoopLMConfig
 
 SUPPORTED = ("qwen2", "llama")
 _SUBMODULE = {k: ("self_attn" if k in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp") for k in TARGETS}
@@ -61,7 +61,6 @@ def _read_hf_config(path: str, mtime_ns: int):
 
 class SafetensorsReader:
     """Tensors by name from a single or sharded safetensors checkpoint, opened lazily."""
-
     def __init__(self, path: str | Path):
         from safetensors import safe_open
 
@@ -147,8 +146,6 @@ def load_retrofit(cfg: RetrofitConfig, hf_path: str | None = None) -> RetrofitLM
 def looplm_view(cfg: RetrofitConfig):
     """A LoopLMConfig with the retrofit model's shape (P prelude layers, 1 looped layer, C coda layers), so the
     training config's layout checks, data vocabulary and FLOP accounting apply to a retrofit run unchanged."""
-    from titanloop.model.config import LoopLMConfig
-
     _, s = read_hf_config(cfg.hf_path)
     return LoopLMConfig(vocab_size=s.vocab_size, hidden_size=s.hidden_size, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                         ffn_hidden_size=s.ffn_hidden_size, n_layers=1, n_loops=cfg.n_loops, max_loops=cfg.max_loops,

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: a dry run needs --config C --dry-run --world-size N (N >= 1, e.g. nodes x 8)",
                   file=sys.stderr)
             return 2
-        from titanloop.train.dry_run import main as dry_run_main
+        from titanloop.train.dry_run import main as dry_run_main  # (CLI: a bad command line answers in ~0.1 s)
 
         return dry_run_main(config_path, overrides, args.world_size, args.memory_plan, args.gpu_mem_gb)
     try:
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    # (CLI: torch.distributed and the trainer load only after the config is read and valid)
     from titanloop.train.callbacks import default_callbacks
     from titanloop.train.loop import train
     from titanloop.train.startup import build_run

@@ -40,6 +40,7 @@ from titanloop.recipe.schedule_checks import check_schedule
 from titanloop.recipe.stages import StageSection
 from titanloop.retrofit.config import RetrofitConfig
 from titanloop.train.engines import check_engine_config
+from titanloop.recipe.schedules import BatchRamp
 
 DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("off", "online", "offline")
@@ -51,7 +52,6 @@ ENGINES = ("fsdp2", "deepspeed")
 @dataclass
 class ModelSection:
     """`preset` names a size in titanloop.model.config.PRESETS; other keys override LoopLMConfig fields."""
-
     preset: str = "debug-tiny"
     overrides: dict = field(default_factory=dict)
     looplm: LoopLMConfig = field(init=False, repr=False)  # the resolved model shape, built (and checked) once
@@ -80,7 +80,6 @@ class OptimizerSection:
 @dataclass
 class LRSchedulerSection:
     """Fields of torchtitan's LRSchedulersContainer.Config (linear warmup, stable, then decay)."""
-
     warmup_steps: int = 200
     decay_ratio: float | None = None  # None: decay right after warmup; 0.0: constant after warmup
     decay_type: str = "linear"  # linear | sqrt | cosine
@@ -133,7 +132,6 @@ class TrainingSection:
         """The BatchRamp of this config, or None without a ramp."""
         if self.batch_ramp_start == 0:
             return None
-        from titanloop.recipe.schedules import BatchRamp
 
         return BatchRamp(start=self.batch_ramp_start, end=self.global_batch_size, ramp_steps=self.batch_ramp_steps,
                          increment=self.batch_ramp_increment or self.batch_ramp_start)
