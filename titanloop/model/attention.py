@@ -3,14 +3,16 @@
 Plain causal attention (no document mask): flash-attn when it is importable, the tensors are on CUDA and
 in fp16/bf16; PyTorch SDPA (causal) otherwise.
 
-Document masking (packed sequences, `doc_ids`) never builds a dense [S, S] mask on the default paths.
-`document_mask` runs once per forward, outside the compiled layers, and returns a `DocumentMask`: the
-document boundaries as cumulative sequence lengths over the flattened batch (`cu_seqlens`, int32) plus the
-kernel that will use them. The kernel follows `attention_backend`:
+Document masking (packed sequences, `doc_ids`) builds a dense [B, 1, S, S] mask only where that is the
+fastest kernel (small batches on CPU) or asked for (`sdpa`). `document_mask` runs once per forward, outside
+the compiled layers, and returns either that dense mask or a `DocumentMask`: the document boundaries as
+cumulative sequence lengths over the flattened batch (`cu_seqlens`, int32) plus the kernel that will use
+them. The kernel follows `attention_backend`:
 
     backend        document-masked attention with
     auto           CUDA + fp16/bf16 + flash-attn: flash_attn_varlen_func; other CUDA: FlexAttention
-                   (compiled, document block mask); CPU: SDPA per document
+                   (compiled, document block mask); CPU: one SDPA call with the dense boolean mask
+                   [B, 1, S, S] while it has <= DENSE_MASK_MAX_ELEMENTS elements, SDPA per document above
     flash          as auto (flash-attn is required on CUDA)
     flex           FlexAttention with a document block mask (CPU: forward only, torch has no CPU backward)
     sdpa_per_doc   one causal SDPA call per document (memory per call: the largest document squared)
@@ -47,6 +49,13 @@ except Exception:  # pragma: no cover - flash-attn is not installable without CU
 
 
 _FORCE_MATH = False
+# CPU `auto`: the largest dense document mask [B, 1, S, S] (B*S*S elements; 2**19 = 512 KiB of bool) used
+# instead of one SDPA call per document. Measured (attention forward + backward, one thread, mean document
+# length S/8 or shorter): dense was 1.4-7x faster than per-document calls at and below 2**19 elements (the
+# per-call overhead dominates short documents: 20 vs 1.4 ms at 32 x 32 tokens, 141 documents), but 0.6-3.3x
+# slower from 2**20 on (dense pays for all S*S scores, per-document calls for sum(len^2)). The demo's batch
+# (32 x 32 tokens) is 2**15. benchmarks/document_masking.py measures the demo's training step.
+DENSE_MASK_MAX_ELEMENTS = 2**19
 DOC_KERNELS = ("flash_varlen", "flex", "sdpa_per_doc", "dense")
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -58,7 +67,8 @@ def flash_available() -> bool:
 @contextlib.contextmanager
 def math_attention():
     """Run attention with PyTorch's math kernel (no flash-attn, no fused SDPA): the only kernels with
-    forward-mode AD, which the JSRR Jacobian-vector product needs. Document masks use SDPA per document."""
+    forward-mode AD, which the JSRR Jacobian-vector product needs. A DocumentMask runs SDPA per document, a
+    dense mask one SDPA call."""
     global _FORCE_MATH
     prev, _FORCE_MATH = _FORCE_MATH, True
     try:
@@ -136,8 +146,11 @@ class DocumentMask:
         return self.cu_seqlens.diff().tolist()
 
 
-def document_kernel(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Which kernel computes document-masked attention for `backend` (see the module docstring)."""
+def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
+                    mask_elements: int | None = None) -> str:
+    """Which kernel computes document-masked attention for `backend` (see the module docstring).
+    mask_elements: B*S*S, the size the dense mask would have (CPU `auto` uses it when it is small; None
+    counts as large)."""
     cuda = torch.device(device).type == "cuda"
     if backend in ("sdpa_per_doc", "flex"):
         return backend
@@ -147,15 +160,18 @@ def document_kernel(backend: str, device: torch.device, dtype: torch.dtype) -> s
         raise RuntimeError("attention_backend='flash' needs flash-attn: pip install 'titanloop[gpu]' or use 'auto'")
     if cuda and dtype in _HALF and _flash_attn_varlen_func is not None:
         return "flash_varlen"
-    return "flex" if cuda else "sdpa_per_doc"
+    if cuda:
+        return "flex"
+    small = mask_elements is not None and mask_elements <= DENSE_MASK_MAX_ELEMENTS
+    return "dense" if backend == "auto" and small else "sdpa_per_doc"
 
 
 def document_mask(doc_ids: torch.Tensor, backend: str, dtype: torch.dtype,
                   kernel: str | None = None) -> "DocumentMask | torch.Tensor":
     """The document mask for one forward over doc_ids [B, S]: a DocumentMask, or the dense boolean mask
     [B, 1, S, S] when the kernel is 'dense'. `kernel` overrides the choice document_kernel makes."""
-    kernel = kernel or document_kernel(backend, doc_ids.device, dtype)
     b, s = doc_ids.shape
+    kernel = kernel or document_kernel(backend, doc_ids.device, dtype, b * s * s)
     if kernel == "dense":
         return causal_mask(s, s, doc_ids.device, doc_ids)
     block_mask = None
