@@ -69,6 +69,7 @@ def test_sdpa_per_doc_gradients_match_masked_sdpa():
 
 def test_kernel_choice_per_device_and_backend(monkeypatch):
     cpu, cuda, bf16, f32 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16, torch.float32
+    monkeypatch.setattr(attn, "_TORCH_VARLEN", None)  # torch's varlen_attn: tests/test_attention_varlen.py
     monkeypatch.setattr(attn, "_flash_attn_varlen_func", None)
     assert attn.document_kernel("auto", cpu, f32) == "sdpa_per_doc"  # size unknown: counted as large
     assert attn.document_kernel("auto", cuda, bf16) == "flex"  # no flash-attn: FlexAttention (has a CUDA backward)
@@ -147,7 +148,7 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
     sum(r.pow(2).mean() for r in ref.readouts).backward()
 
     real_kernel = attn.document_kernel
-    monkeypatch.setattr(attn, "document_kernel", lambda *a: "flash_varlen")  # as on CUDA with flash-attn, bf16
+    monkeypatch.setattr(attn, "document_kernel", lambda *a: "flash_varlen")  # as on CUDA, backend 'flash', bf16
     monkeypatch.setattr(attn, "causal_mask", lambda *a, **k: pytest.fail("a dense mask was built"))
     out = model(x, doc_ids=doc)
     sum(r.pow(2).mean() for r in out.readouts).backward()
@@ -165,7 +166,7 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
     for (name, p), (_, pr) in zip(model.named_parameters(), ref_model.named_parameters()):
         torch.testing.assert_close(p.grad, pr.grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert real_kernel("auto", torch.device("cuda"), torch.bfloat16) == "flash_varlen"  # the fake is importable
+    assert real_kernel("flash", torch.device("cuda"), torch.bfloat16) == "flash_varlen"  # the fake is importable
 
     fake.calls.clear()
     with attn.math_attention():  # JSRR's forward-mode AD: flash has none, documents go through SDPA (math)
