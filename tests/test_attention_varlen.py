@@ -164,3 +164,22 @@ def test_fullgraph_check_sees_recompiles_and_graph_breaks(monkeypatch):
     assert apply_compile(model, backend="aot_eager") is False
     res = fullgraph_check(model, x, [DOCS], [2])
     assert res["graph_breaks"] > 0 and not res["ok"], res
+
+
+def test_cuda_varlen_forward_traces_on_fake_tensors_without_a_gpu():
+    """What a dry run can trace of the CUDA path (docs/parallelism.md): under FakeTensorMode with a ShapeEnv
+    (cu_seqlens' length comes from nonzero: an unbacked size), fake CUDA tensors pick varlen and run its
+    fake implementation, forward only. torch does not allow the backward: the autograd engine asks for the
+    CUDA device's primary context (RuntimeError 'hasPrimaryContext') on a machine without one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if not torch.backends.cuda.is_built():
+        pytest.skip("this torch is built without CUDA: no fake CUDA tensors")
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
+        doc = torch.zeros(2, 64, dtype=torch.long, device="cuda")
+        mask = attn.document_mask(doc, "auto", torch.bfloat16)
+        q, k, v = (torch.empty(2, n, 64, 16, device="cuda", dtype=torch.bfloat16) for n in (4, 2, 2))
+        out = attn.attention(q, k, v, mask)
+    assert mask.kernel == "varlen" and not isinstance(mask.cu_seqlens.shape[0], int)
+    assert out.shape == (2, 4, 64, 16) and out.device.type == "cuda"

@@ -17,7 +17,8 @@ them. The kernel follows `attention_backend`:
                    CPU: one SDPA call with the dense boolean mask [B, 1, S, S] while it has
                    <= DENSE_MASK_MAX_ELEMENTS elements, SDPA per document above (or, in layers compiled
                    with fullgraph, varlen_attn on its CPU reference kernel, titanloop.model.varlen_cpu)
-    varlen         torch's varlen_attn (CPU: needs titanloop.model.varlen_cpu.register(); tests, dry runs)
+    varlen         torch's varlen_attn; on CPU it registers and runs the reference kernel of
+                   titanloop.model.varlen_cpu (for tests of the CUDA path; as fast as sdpa_per_doc, not faster)
     flash          flash-attn 2 (optional, `pip install .[gpu]`): flash_attn_varlen_func on CUDA (required
                    there), as auto on CPU
     flex           FlexAttention with a document block mask (CPU: forward only, torch has no CPU backward)
@@ -222,9 +223,12 @@ def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
         if cuda and dtype not in _HALF:
             raise RuntimeError(f"model.attention_backend='varlen' runs fp16/bf16 on CUDA, got {dtype}: set "
                                "training.dtype to bf16 (or 'auto'), or use attention_backend 'auto'")
-        if not cuda and not torch_varlen_available(device):
-            raise RuntimeError("model.attention_backend='varlen' on CPU needs its reference kernel: call "
-                               "titanloop.model.varlen_cpu.register() first, or use 'auto'")
+        if not cuda:
+            from titanloop.model import varlen_cpu
+
+            if not varlen_cpu.register():
+                raise RuntimeError(f"model.attention_backend='varlen' on CPU needs the reference kernel of "
+                                   f"titanloop.model.varlen_cpu: {varlen_cpu.unavailable_reason()}; use 'auto'")
         return "varlen"
     if backend == "flash" and cuda and _flash_attn_varlen_func is None:
         raise RuntimeError("attention_backend='flash' needs flash-attn: pip install 'titanloop[gpu]' or use 'auto'")

@@ -12,7 +12,7 @@ peak over the step. Nothing here is a formula of the model's shape.
 
 Limits: fake tensors on this machine run the CPU kernels' shapes. Attention is planned as causal attention with
 a fused kernel (flash on GPU, SDPA's flash kernel on CPU: O(S) saved state) or, with `attention="math"`, as the
-unfused math kernel (the [S, S] scores are materialized); document masking (flash varlen on GPU) is planned as
+unfused math kernel (the [S, S] scores are materialized); document masking (varlen on GPU) is planned as
 causal attention, whose memory is the same. CUDA-allocator fragmentation and the NCCL/CUDA context (~1-3 GB on
 an H100) are not in the tensors; `fits` keeps `reserve_gb` (default 4 GB) free for them.
 """
@@ -147,8 +147,9 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
             "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)")
     from titanloop.train.startup import param_dtype
 
-    # Document masking is planned as causal attention (same memory with flash varlen; fake tensors cannot run
-    # the data-dependent document boundaries).
+    # Document masking is planned as causal attention (same memory with varlen / flash varlen). Fake tensors
+    # run the CUDA varlen path's forward only (with a ShapeEnv for the data-dependent cu_seqlens); its backward
+    # needs a real CUDA context (tests/test_attention_varlen.py), and the CPU kernels differ.
     planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))
     ramp = cfg.training.batch_ramp()
     accum = (ramp.end if ramp else cfg.training.global_batch_size) // (cfg.training.micro_batch_size * mesh.dp_world)
