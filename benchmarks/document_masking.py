@@ -9,6 +9,12 @@ micro-batches (the same batch for every candidate in a round). Candidates, alter
     auto          model.attention_backend = "auto": on CPU one SDPA call with the dense [B, 1, S, S]
                   document mask while B*S*S <= attention.DENSE_MASK_MAX_ELEMENTS (the demo's batch is)
     sdpa_per_doc  one SDPA call per packed document (the CPU default before)
+    varlen        torch's varlen_attn on the CPU reference kernel (titanloop.model.varlen_cpu: per-document
+                  CPU flash attention inside the custom op; what fullgraph-compiled layers use above the
+                  dense threshold)
+
+A second table times attention alone (forward + backward) at a batch above the dense threshold, where `auto`
+leaves the dense mask: dense vs per-document SDPA vs varlen's CPU kernel.
 
 Ratios are taken per round (each candidate's time over the no-mask time of the same round) and reported as
 min / median / max over the rounds.
@@ -82,7 +88,7 @@ def run(repeats: int = 15, warmup: int = 3) -> dict:
     b, s = batches[0]["input_ids"].shape
     docs_per_row = [len(attn.document_lengths(x["doc_ids"])) / b for x in batches]
     state = {"i": 0}
-    names = {"no mask": None, "auto": "auto", "sdpa_per_doc": "sdpa_per_doc"}
+    names = {"no mask": None, "auto": "auto", "sdpa_per_doc": "sdpa_per_doc", "varlen": "varlen"}
     steps = {name: make_step(cfg, backend, batches, state) for name, backend in names.items()}
     losses = {name: fn() for name, fn in steps.items()}  # first step: same init, same batch
     auto_kernel = attn.document_kernel("auto", torch.device("cpu"), torch.float32, b * s * s)
@@ -99,7 +105,7 @@ def run(repeats: int = 15, warmup: int = 3) -> dict:
     times = time_repeated(timed, warmup=warmup, repeats=repeats)
     base = times["no mask"]["times"]
     ratios = {}
-    for name in ("auto", "sdpa_per_doc"):
+    for name in ("auto", "sdpa_per_doc", "varlen"):
         per_round = [t / u for t, u in zip(times[name]["times"], base)]
         ratios[name] = {"min": min(per_round), "median": statistics.median(per_round), "max": max(per_round),
                         "per_round": per_round}
@@ -109,11 +115,38 @@ def run(repeats: int = 15, warmup: int = 3) -> dict:
             "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(),
             "first_step_loss": losses, "step_s": {k: {m: v[m] for m in ("median", "min", "max", "times")}
                                                   for k, v in times.items()},
-            "ratio_to_no_mask": ratios}
+            "ratio_to_no_mask": ratios, "large_batch_attention": large_batch_attention(repeats)}
+
+
+def large_batch_attention(repeats: int, b: int = 4, s: int = 1024, heads: int = 4, head_dim: int = 16,
+                          mean_doc: int = 128) -> dict:
+    """Attention forward + backward alone at B x S above the dense threshold, documents of random length
+    1..2*mean_doc: milliseconds (median) of the dense mask, per-document SDPA and varlen's CPU kernel."""
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(b):
+        lengths = []
+        while sum(lengths) < s:
+            lengths.append(int(torch.randint(1, 2 * mean_doc, (1,), generator=g)))
+        rows.append([i for i, n in enumerate(lengths) for _ in range(n)][:s])
+    doc = torch.tensor(rows)
+    q, k, v = (torch.randn(b, heads, s, head_dim, generator=g, requires_grad=True) for _ in range(3))
+    masks = {kernel: attn.document_mask(doc, "auto", torch.float32, kernel=kernel)
+             for kernel in ("dense", "sdpa_per_doc", "varlen")}
+
+    def call(mask):
+        return lambda: attn.attention(q, k, v, mask).sum().backward()
+
+    times = time_repeated({kernel: call(m) for kernel, m in masks.items()}, warmup=1, repeats=repeats)
+    return {"batch": b, "seq_len": s, "heads": heads, "head_dim": head_dim,
+            "documents": len(attn.document_lengths(doc)), "mask_elements": b * s * s,
+            "ms": {k: v["median"] * 1e3 for k, v in times.items()},
+            "ms_min_max": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in times.items()}}
 
 
 def to_report(res: dict, command: str) -> dict:
     r_auto, r_doc = res["ratio_to_no_mask"]["auto"], res["ratio_to_no_mask"]["sdpa_per_doc"]
+    r_var, big = res["ratio_to_no_mask"]["varlen"], res["large_batch_attention"]
     shape = (f"demo model ({res['config']}), {res['batch']} x {res['seq_len']} tokens, "
              f"{res['mean_docs_per_row']:.1f} documents/row, T = {res['n_loops']}")
 
@@ -138,11 +171,21 @@ def to_report(res: dict, command: str) -> dict:
                     "columns": ["candidate", "median step (ms)", "ratio to no mask: min / median / max"],
                     "rows": [["no mask", round(ms["no mask"], 1), "1"],
                              [f"auto ({res['auto_kernel_on_cpu']})", round(ms["auto"], 1), spread(r_auto)],
-                             ["sdpa_per_doc", round(ms["sdpa_per_doc"], 1), spread(r_doc)]]}],
+                             ["sdpa_per_doc", round(ms["sdpa_per_doc"], 1), spread(r_doc)],
+                             ["varlen (CPU reference kernel)", round(ms["varlen"], 1), spread(r_var)]]},
+                   {"title": f"Attention alone (forward + backward), {big['batch']} x {big['seq_len']} tokens, "
+                             f"{big['documents']} documents, {big['heads']} heads x {big['head_dim']}: "
+                             f"{big['mask_elements']:,} mask elements, above the dense threshold",
+                    "columns": ["kernel", "median (ms)", "min - max (ms)"],
+                    "rows": [[k, round(v, 1), f"{big['ms_min_max'][k][0]:.1f} - {big['ms_min_max'][k][1]:.1f}"]
+                             for k, v in big["ms"].items()]}],
         "notes": [f"The CPU `auto` kernel is the dense mask up to B*S*S = {res['dense_mask_max_elements']:,} "
                   f"elements (this batch: {res['mask_elements']:,}); why that threshold: "
                   "`DENSE_MASK_MAX_ELEMENTS` in titanloop/model/attention.py. A step is forward, Stage I "
-                  "objective, backward, clipping and AdamW, as the trainer runs it per micro-batch."],
+                  "objective, backward, clipping and AdamW, as the trainer runs it per micro-batch.",
+                  "varlen on CPU runs the same per-document CPU flash kernel as sdpa_per_doc inside a custom op, "
+                  "so it is not the eager CPU default; it is what layers compiled with fullgraph=True use above "
+                  "the threshold (per-document SDPA cannot be traced)."],
         "result": res,
     }
 
