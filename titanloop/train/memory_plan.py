@@ -93,6 +93,9 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     from titanloop.train.engine import FSDP2Engine, build_lr_schedulers, build_optimizer, init_weights, parallelize
     from titanloop.train.startup import build_model
 
+    # Planned eager: Dynamo does not trace under the tracker's dispatch mode (it used to fall back to eager
+    # silently; with the layers' fullgraph=True it raises)
+    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, compile=False))
     t = cfg.training
     n_loops = cfg.loop_sampler.bounds()[1]
     if mesh.device.type == "cpu":  # FakeTensors tell "cpu" from "cpu:0"; FSDP2 puts CPU parameters on "cpu"
