@@ -27,9 +27,10 @@ from titanloop.model.attention import fullgraph_ok
 
 def apply_compile(model: LoopLM, backend="inductor", fullgraph: bool | None = None) -> bool:
     """Compile every decoder layer of `model` (prelude, looped stack, coda) with `backend`. fullgraph: None =
-    True when the attention backend allows it (attention.fullgraph_ok). Returns the fullgraph used."""
-    if fullgraph is None:
-        fullgraph = fullgraph_ok(model.cfg.attention_backend)
+    True for a LoopLM whose attention backend allows it (attention.fullgraph_ok). Returns the fullgraph used."""
+    if fullgraph is None:  # a RetrofitLM (no cfg; its compiled path is untested) keeps fullgraph=False
+        cfg = getattr(model, "cfg", None)
+        fullgraph = cfg is not None and fullgraph_ok(cfg.attention_backend)
     for layer in [*model.prelude, *model.layers, *model.coda]:
         layer.compile(backend=backend, fullgraph=fullgraph, dynamic=False)
     model.graph_safe_attention = fullgraph
