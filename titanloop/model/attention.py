@@ -11,14 +11,14 @@ them. The kernel follows `attention_backend`:
 
     backend        document-masked attention with
     auto           CUDA + fp16/bf16: torch's varlen_attn (torch.nn.attention.varlen, a custom op with fake,
-                   autograd and FLOP-count registrations: compiles into the layer's graph); without it
-                   (torch < 2.14 or another signature, see `_torch_varlen`) flash-attn's
+                   autograd and FLOP-count registrations: compiles into the layer's graph); where torch lacks
+                   it (or has a signature `_torch_varlen` does not know) flash-attn's
                    flash_attn_varlen_func when installed, else FlexAttention. CUDA fp32: FlexAttention.
                    CPU: one SDPA call with the dense boolean mask [B, 1, S, S] while it has
                    <= DENSE_MASK_MAX_ELEMENTS elements, SDPA per document above (or, in layers compiled
                    with fullgraph, varlen_attn on its CPU reference kernel, titanloop.model.varlen_cpu)
     varlen         torch's varlen_attn; on CPU it registers and runs the reference kernel of
-                   titanloop.model.varlen_cpu (for tests of the CUDA path; as fast as sdpa_per_doc, not faster)
+                   titanloop.model.varlen_cpu (tests of the CUDA path; the same kernel as sdpa_per_doc, about as fast)
     flash          flash-attn 2 (optional, `pip install .[gpu]`): flash_attn_varlen_func on CUDA (required
                    there), as auto on CPU
     flex           FlexAttention with a document block mask (CPU: forward only, torch has no CPU backward)
@@ -33,6 +33,11 @@ call and the per-document SDPA loop (which reads the boundaries on the host) sta
 (`torch.compiler.disable`): with `flash` or `sdpa_per_doc`, apply_compile compiles with fullgraph=False and
 the layer is two graphs around the attention call. Under `math_attention` (JSRR's forward-mode AD) a
 DocumentMask always runs per-document SDPA (math kernel): the custom op has no forward-mode AD.
+
+Fake tensors (dry run, memory plan): on fake CUDA tensors, with a ShapeEnv for the data-dependent length of
+cu_seqlens (nonzero), `auto` picks varlen and its forward runs on the op's fake implementation without a GPU;
+the backward does not (torch's autograd engine asks for the CUDA device's context: 'hasPrimaryContext'), so
+the memory plan keeps planning document masking as causal attention.
 
 RoPE positions: by default positions run 0..S-1 across the packed row. With a document mask this gives the
 same attention as restarting positions per document (RoPE scores depend on i - j only, and no query sees
@@ -96,8 +101,6 @@ _FORCE_MATH = False
 # benchmarks/document_masking.py measures the demo's training step.
 DENSE_MASK_MAX_ELEMENTS = 2**19
 DOC_KERNELS = ("varlen", "flash_varlen", "flex", "sdpa_per_doc", "dense")
-# kernels that torch.compile traces into the layer's graph (the others are torch.compiler.disable'd)
-GRAPH_SAFE_KERNELS = ("varlen", "flex", "dense")
 _HALF = (torch.float16, torch.bfloat16)
 
 
