@@ -82,10 +82,13 @@ def test_kernel_choice_with_torch_varlen(monkeypatch):
     assert attn.document_kernel("auto", cpu, f32, big) == "sdpa_per_doc"
     assert attn.document_kernel("auto", cpu, f32, big, graph_safe=True) == "varlen"
     assert attn.document_kernel("auto", cpu, f32, 1, graph_safe=True) == "dense"
+    assert attn.fullgraph_ok("auto") and attn.fullgraph_ok("varlen") and not attn.fullgraph_ok("flash")
     monkeypatch.setattr(attn, "_TORCH_VARLEN", None)  # an older torch without varlen_attn
     assert attn.document_kernel("auto", cuda, bf16) == "flash_varlen"
+    assert not attn.fullgraph_ok("auto")  # flash-attn's call is outside the graph
     monkeypatch.setattr(attn, "_flash_attn_varlen_func", None)
     assert attn.document_kernel("auto", cuda, bf16) == "flex"
+    assert attn.fullgraph_ok("auto")  # FlexAttention traces
     with pytest.raises(RuntimeError, match="attention_backend='varlen'"):
         attn.document_kernel("varlen", cuda, bf16)
 

@@ -122,7 +122,10 @@ def torch_varlen_available(device) -> bool:
 
 def fullgraph_ok(backend: str) -> bool:
     """Whether layers of a model with attention_backend `backend` compile with fullgraph=True: every kernel
-    the backend can pick traces (flash-attn and per-document SDPA are outside the graph)."""
+    the backend can pick traces (flash-attn and per-document SDPA are outside the graph). `auto` on a torch
+    without varlen_attn but with flash-attn picks flash-attn on CUDA, so it compiles without fullgraph."""
+    if backend == "auto" and _TORCH_VARLEN is None and _flash_attn_varlen_func is not None:
+        return False
     return backend not in ("flash", "sdpa_per_doc")
 
 
