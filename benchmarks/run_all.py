@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "data_loader": ([], ["--tokens", "200000", "--seq-len", "256"]),
     "checkpoint": ([], ["--hidden", "64", "--layers", "1", "--vocab", "512", "--repeats", "1"]),
     "scaling_on_paper": ([], []),
+    "document_masking": ([], ["--repeats", "1", "--warmup", "0"]),
 }
 
 

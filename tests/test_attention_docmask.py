@@ -69,8 +69,9 @@ def test_sdpa_per_doc_gradients_match_masked_sdpa():
 
 def test_kernel_choice_per_device_and_backend(monkeypatch):
     cpu, cuda, bf16, f32 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16, torch.float32
+    monkeypatch.setattr(attn, "_TORCH_VARLEN", None)  # torch's varlen_attn: tests/test_attention_varlen.py
     monkeypatch.setattr(attn, "_flash_attn_varlen_func", None)
-    assert attn.document_kernel("auto", cpu, f32) == "sdpa_per_doc"
+    assert attn.document_kernel("auto", cpu, f32) == "sdpa_per_doc"  # size unknown: counted as large
     assert attn.document_kernel("auto", cuda, bf16) == "flex"  # no flash-attn: FlexAttention (has a CUDA backward)
     assert attn.document_kernel("sdpa", cuda, bf16) == "dense"
     with pytest.raises(RuntimeError, match="needs flash-attn"):
@@ -81,6 +82,32 @@ def test_kernel_choice_per_device_and_backend(monkeypatch):
     assert attn.document_kernel("auto", cuda, f32) == "flex"  # flash-attn is fp16/bf16 only
     assert attn.document_kernel("auto", cpu, bf16) == "sdpa_per_doc"
     assert attn.document_kernel("flex", cpu, f32) == "flex"
+
+
+def test_cpu_auto_uses_the_dense_mask_up_to_the_threshold_and_per_document_calls_above(monkeypatch):
+    """CPU `auto`: one SDPA call with the dense [B, 1, S, S] mask while B*S*S <= DENSE_MASK_MAX_ELEMENTS,
+    per-document calls above; both give the masked-SDPA result (forward and gradients)."""
+    cpu, f32, limit = torch.device("cpu"), torch.float32, attn.DENSE_MASK_MAX_ELEMENTS
+    assert attn.document_kernel("auto", cpu, f32, limit) == "dense"
+    assert attn.document_kernel("auto", cpu, f32, limit + 1) == "sdpa_per_doc"
+    assert attn.document_kernel("sdpa_per_doc", cpu, f32, 1) == "sdpa_per_doc"  # an explicit backend wins
+    assert attn.document_kernel("flex", cpu, f32, 1) == "flex"
+    assert attn.document_kernel("auto", torch.device("cuda"), f32, 1) == "flex"  # only CPU uses the size
+    doc = doc_ids_from()
+    b, s = doc.shape
+    outs = {}
+    for limit in (b * s * s, b * s * s - 1):  # the batch exactly at the limit, and one element over it
+        monkeypatch.setattr(attn, "DENSE_MASK_MAX_ELEMENTS", limit)
+        mask = attn.document_mask(doc, "auto", f32)
+        kernel = "dense" if isinstance(mask, torch.Tensor) else mask.kernel
+        q, k, v = qkv(b, 4, 2, grad=True)
+        out = attn.attention(q, k, v, mask)
+        out.pow(2).sum().backward()
+        outs[kernel] = [out, q.grad, k.grad, v.grad]
+    assert set(outs) == {"dense", "sdpa_per_doc"}
+    assert outs["dense"][0].shape == (b, 4, s, 8)
+    for a, r in zip(outs["dense"], outs["sdpa_per_doc"]):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
 
 
 class FakeVarlen:
@@ -121,7 +148,7 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
     sum(r.pow(2).mean() for r in ref.readouts).backward()
 
     real_kernel = attn.document_kernel
-    monkeypatch.setattr(attn, "document_kernel", lambda *a: "flash_varlen")  # as on CUDA with flash-attn, bf16
+    monkeypatch.setattr(attn, "document_kernel", lambda *a: "flash_varlen")  # as on CUDA, backend 'flash', bf16
     monkeypatch.setattr(attn, "causal_mask", lambda *a, **k: pytest.fail("a dense mask was built"))
     out = model(x, doc_ids=doc)
     sum(r.pow(2).mean() for r in out.readouts).backward()
@@ -139,7 +166,7 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
     for (name, p), (_, pr) in zip(model.named_parameters(), ref_model.named_parameters()):
         torch.testing.assert_close(p.grad, pr.grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert real_kernel("auto", torch.device("cuda"), torch.bfloat16) == "flash_varlen"  # the fake is importable
+    assert real_kernel("flash", torch.device("cuda"), torch.bfloat16) == "flash_varlen"  # the fake is importable
 
     fake.calls.clear()
     with attn.math_attention():  # JSRR's forward-mode AD: flash has none, documents go through SDPA (math)
@@ -147,8 +174,10 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
     assert fake.calls == []
 
 
-@pytest.mark.parametrize("backend", ["auto", "sdpa_per_doc"])
-def test_model_with_documents_on_cpu_matches_masked_sdpa_without_a_dense_mask(monkeypatch, backend):
+@pytest.mark.parametrize("backend,limit", [("auto", 0), ("sdpa_per_doc", None)])
+def test_model_with_documents_on_cpu_matches_masked_sdpa_without_a_dense_mask(monkeypatch, backend, limit):
+    if limit is not None:  # `auto` above its dense-mask threshold: per-document calls
+        monkeypatch.setattr(attn, "DENSE_MASK_MAX_ELEMENTS", limit)
     cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=1, n_loops=2,
                        max_seq_len=64, attention_backend=backend)
     torch.manual_seed(0)
@@ -160,6 +189,40 @@ def test_model_with_documents_on_cpu_matches_masked_sdpa_without_a_dense_mask(mo
     ref = ref_model(x, doc_ids=doc).readouts[-1]
     monkeypatch.setattr(attn, "causal_mask", lambda *a, **k: pytest.fail("a dense mask was built"))
     torch.testing.assert_close(model(x, doc_ids=doc).readouts[-1], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_model_with_documents_on_cpu_auto_small_batch_uses_one_masked_sdpa_call(monkeypatch):
+    """The model under CPU `auto` with a small batch: the dense mask, one SDPA call per layer and loop (no
+    per-document calls), equal to the per-document model; under math_attention (JSRR's forward-mode AD)
+    a jvp through the dense path equals the per-document one."""
+    cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, ffn_hidden_size=64, n_layers=2,
+                       n_loops=2, max_seq_len=64)
+    torch.manual_seed(0)
+    model = LoopLM(cfg)
+    ref_model = LoopLM(cfg.replace(attention_backend="sdpa_per_doc"))
+    ref_model.load_state_dict(model.state_dict())
+    doc = doc_ids_from()
+    x = torch.randint(0, V, doc.shape, generator=torch.Generator().manual_seed(1))
+    ref = ref_model(x, doc_ids=doc).readouts[-1]
+    _, _, mask = model.rope_and_mask(x, doc_ids=doc)
+    assert isinstance(mask, torch.Tensor) and mask.shape == (doc.shape[0], 1, S, S)
+    sdpa_calls = []
+    real_sdpa = attn.F.scaled_dot_product_attention
+    monkeypatch.setattr(attn.F, "scaled_dot_product_attention",
+                        lambda *a, **k: sdpa_calls.append(k.get("attn_mask")) or real_sdpa(*a, **k))
+    out = model(x, doc_ids=doc).readouts[-1]
+    assert len(sdpa_calls) == cfg.n_layers * cfg.n_loops and all(m is not None for m in sdpa_calls)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+    h = torch.randn(*doc.shape, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    tangent = torch.randn_like(h)
+    jvps = []
+    for m in (model, ref_model):
+        cos, sin, mask = m.rope_and_mask(x, doc_ids=doc)
+        with attn.math_attention():
+            jvps.append(torch.func.jvp(lambda z: m.loop_step(z, 0, cos, sin, mask), (h,), (tangent,)))
+    for a, r in zip(*jvps):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
 
 
 def test_rope_per_document_changes_only_rounding_under_the_document_mask():

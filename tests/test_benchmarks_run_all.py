@@ -17,7 +17,8 @@ def test_run_all_tiny_writes_every_row(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     combined = json.loads((tmp_path / "all.json").read_text())
     assert set(combined["results"]) == {"loop_efficiency", "loss_memory", "activation_checkpointing",
-                                        "communication", "data_loader", "checkpoint", "scaling_on_paper"}
+                                        "communication", "data_loader", "checkpoint", "scaling_on_paper",
+                                        "document_masking"}
     eff = combined["results"]["loop_efficiency"]
     assert len(eff["rows"]) == 2
     # T=4 loops of 2 layers with a readout per loop cost more FLOPs per token than 8 dense layers and one head

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from titanloop.config_errors import ConfigError, from_dict_strict, require, require_choice
 
 READOUTS = ("norm", "raw", "final_only_norm")
-ATTENTION_BACKENDS = ("auto", "flash", "flex", "sdpa_per_doc", "sdpa")  # see titanloop.model.attention
+ATTENTION_BACKENDS = ("auto", "varlen", "flash", "flex", "sdpa_per_doc", "sdpa")  # see titanloop.model.attention
 
 
 @dataclass
@@ -45,7 +45,9 @@ class LoopLMConfig:
     per_loop_norm: bool = False  # a distinct RMSNorm for each loop step (ouroboros §3.5)
     tie_embeddings: bool = False
 
-    attention_backend: str = "auto"  # auto: flash-attn (varlen for documents) on CUDA fp16/bf16 when importable
+    # auto: documents through torch's varlen_attn on CUDA fp16/bf16 (flash-attn, FlexAttention as fallbacks),
+    # dense mask or per-document SDPA on CPU; the table is in titanloop.model.attention
+    attention_backend: str = "auto"
     # RoPE positions restart at every packed document (off: 0..S-1 per row; equal attention under the document
     # mask since RoPE is relative, so this changes only rounding; see titanloop.model.attention)
     rope_per_document: bool = False

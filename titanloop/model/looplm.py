@@ -156,6 +156,9 @@ class LoopLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # Set by the parallel plan for per-loop activation checkpointing: wraps loop_step calls.
         self.loop_wrapper: Callable | None = None
+        # Set by titanloop.parallel.apply_compile when the layers compile with fullgraph=True: document masks
+        # then use only kernels that trace (titanloop.model.attention.document_kernel).
+        self.graph_safe_attention = False
         self.init_weights(seed=self.init_seed)
 
     # ----- initialization ---------------------------------------------------------------------
@@ -202,7 +205,7 @@ class LoopLM(nn.Module):
         cos, sin = self.rope(s, input_ids.device, dtype, positions, position_offset)
         mask = None
         if doc_ids is not None and kv_cache is None:  # no dense [S, S] mask unless the backend is 'sdpa'
-            mask = document_mask(doc_ids, self.cfg.attention_backend, dtype)
+            mask = document_mask(doc_ids, self.cfg.attention_backend, dtype, graph_safe=self.graph_safe_attention)
         elif doc_ids is not None:
             mask = causal_mask(s, s, input_ids.device, doc_ids)
         elif kv_cache is not None and position_offset > 0 and s > 1:

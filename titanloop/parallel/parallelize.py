@@ -20,13 +20,15 @@ from titanloop.parallel.tensor_parallel import apply_tensor_parallel
 def parallelize_looplm(model: LoopLM, *, parallel_dims, tp_mesh: DeviceMesh | None = None,
                        sequence_parallel: bool = True, activation_checkpoint: str = "none",
                        compile: bool = False, compile_backend="inductor", param_dtype=torch.float32,
-                       reduce_dtype=torch.float32, reshard_looped: str = "never") -> LoopLM:
-    """Apply TP (when parallel_dims.tp > 1), AC, compile and FSDP2 to `model` in place and return it."""
+                       reduce_dtype=torch.float32, reshard_looped: str = "never",
+                       compile_fullgraph: bool | None = None) -> LoopLM:
+    """Apply TP (when parallel_dims.tp > 1), AC, compile and FSDP2 to `model` in place and return it.
+    compile_fullgraph: see apply_compile (None: as the attention backend allows)."""
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
     apply_activation_checkpointing(model, activation_checkpoint)
     if compile:
-        apply_compile(model, compile_backend)
+        apply_compile(model, compile_backend, compile_fullgraph)
     apply_fsdp(model, parallel_dims.get_mesh("fsdp"), param_dtype, reduce_dtype, reshard_looped)
     return model
 

@@ -201,7 +201,9 @@ class RetrofitLM(nn.Module):
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
         cos, sin = rope_cos_sin(positions, self.shape.head_dim, self.shape.rope_theta, self.embed_tokens.weight.dtype)
-        mask = document_mask(doc_ids, "auto", self.embed_tokens.weight.dtype) if doc_ids is not None else None
+        mask = (document_mask(doc_ids, "auto", self.embed_tokens.weight.dtype,
+                              graph_safe=getattr(self, "graph_safe_attention", False))  # set by apply_compile
+                if doc_ids is not None else None)
         return cos, sin, mask
 
     def recurrent_step(self, x: torch.Tensor, t: int, cos, sin, mask=None,

@@ -12,7 +12,7 @@ peak over the step. Nothing here is a formula of the model's shape.
 
 Limits: fake tensors on this machine run the CPU kernels' shapes. Attention is planned as causal attention with
 a fused kernel (flash on GPU, SDPA's flash kernel on CPU: O(S) saved state) or, with `attention="math"`, as the
-unfused math kernel (the [S, S] scores are materialized); document masking (flash varlen on GPU) is planned as
+unfused math kernel (the [S, S] scores are materialized); document masking (varlen on GPU) is planned as
 causal attention, whose memory is the same. CUDA-allocator fragmentation and the NCCL/CUDA context (~1-3 GB on
 an H100) are not in the tensors; `fits` keeps `reserve_gb` (default 4 GB) free for them.
 """
@@ -95,7 +95,9 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
+    # Planned eager: Dynamo does not trace under the tracker's dispatch mode (it used to fall back to eager
+    # silently; with the layers' fullgraph=True it raises)
+    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, compile=False))
     t = cfg.training
     n_loops = cfg.loop_sampler.bounds()[1]
     if mesh.device.type == "cpu":  # FakeTensors tell "cpu" from "cpu:0"; FSDP2 puts CPU parameters on "cpu"
@@ -135,8 +137,9 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
     """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
     require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
             "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)")
-    # Document masking is planned as causal attention (same memory with flash varlen; fake tensors cannot run
-    # the data-dependent document boundaries).
+    # Document masking is planned as causal attention (same memory with varlen / flash varlen). Fake tensors
+    # run the CUDA varlen path's forward only (with a ShapeEnv for the data-dependent cu_seqlens); its backward
+    # needs a real CUDA context (tests/test_attention_varlen.py), and the CPU kernels differ.
     planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))
     ramp = cfg.training.batch_ramp()
     accum = micro_batches_per_rank(ramp.end if ramp else cfg.training.global_batch_size,

@@ -78,7 +78,9 @@ def parallelize(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.d
     model = parallelize_looplm(model, parallel_dims=mesh.dims, tp_mesh=mesh.tp_mesh,
                                sequence_parallel=p.sequence_parallel, activation_checkpoint=p.activation_checkpoint,
                                compile=p.compile, compile_backend=p.compile_backend, param_dtype=param_dtype,
-                               reduce_dtype=torch.float32, reshard_looped=p.reshard_looped)
+                               reduce_dtype=torch.float32, reshard_looped=p.reshard_looped,
+                               # JSRR's forward-mode AD runs per-document SDPA (math), outside the graph
+                               compile_fullgraph=False if cfg.objective.jsrr_weight > 0 else None)
     model.train()
     return model
 
