@@ -125,6 +125,11 @@ def test_training_commands_and_the_float8_flag(tmp_path):
             load_config(gc.TRAIN_CONFIG, tw, world_size=8)
 
 
+def test_missing_modules():
+    assert gc.missing_modules("bf16") == []  # this venv has torchtitan
+    assert set(gc.missing_modules("tensorwise")) <= {"torchao"}  # float8 runs also need torchao
+
+
 def test_parse_args():
     a = gc.parse_args(["--loops", "4,8", "--precisions", "bf16,tensorwise"])
     assert a.loops == [4, 8] and a.precisions == ["bf16", "tensorwise"] and a.out == gc.RESULT_JSON

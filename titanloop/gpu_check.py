@@ -175,6 +175,15 @@ def torchrun_command(python: str, n_gpus: int, args: list[str], prefix: list[str
             "--config", str(TRAIN_CONFIG), *args]
 
 
+def missing_modules(precision: str = "bf16") -> list[str]:
+    """Modules a gpu_check training run needs that this interpreter cannot import (an existing interpreter given
+    with --python may have torch but not the project's other dependencies)."""
+    import importlib.util
+
+    needed = ["torchtitan"] + (["torchao"] if precision != "bf16" else [])
+    return [m for m in needed if importlib.util.find_spec(m) is None]
+
+
 def float8_supported() -> bool:
     """Whether this build's trainer has `training.float8` (the float8 runs are FAILs without it)."""
     from titanloop.train.config import TrainingSection
@@ -534,6 +543,8 @@ def _check_flash() -> Check:
 
 def _check_kernel_choice(workdir: Path, name: str, overrides: dict) -> Check:
     out = workdir / "kernels.json"
+    if missing_modules():
+        return Check("kernel choice", False, f"{sys.executable} cannot import {missing_modules()}")
     args = train_args(workdir / "kernels", name, {**overrides, "n_layers": 2}, 4, 1024, 1, steps=1)
     cmd = torchrun_command(sys.executable, 1, args, ["-m", "titanloop.gpu_check", "--record-kernels", str(out)])
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -547,8 +558,10 @@ def _train(n_gpus: int, name: str, overrides: dict, n_loops: int, seq_len: int, 
     run_dir = workdir / f"T{n_loops}-{precision}"
     args = train_args(run_dir, name, overrides, n_loops, seq_len, n_gpus, precision)
     label = f"train T={n_loops} {precision}"
-    if precision != "bf16" and not float8_supported():
-        why = "this build's trainer has no training.float8"
+    missing = missing_modules(precision)
+    why = (f"{sys.executable} cannot import {missing}" if missing else
+           "this build's trainer has no training.float8" if precision != "bf16" and not float8_supported() else None)
+    if why:
         return RunResult(n_loops, precision, error=why), [Check(label, False, why)]
     proc = subprocess.run(torchrun_command(sys.executable, n_gpus, args), capture_output=True, text=True)
     if proc.returncode != 0:
