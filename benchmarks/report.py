@@ -29,6 +29,9 @@ true, false or null (no target). When `measured` is a number and `target` is "<=
 or "= x" (an optional trailing "x" or "%" is ignored), `met` must equal that comparison: a file whose `met`
 contradicts its own numbers is refused. Numbers are rendered as written in the json (floats with up to 4
 significant digits unless stored as strings).
+
+A result that needs hardware this machine lacks (`PENDING`: gpu_check.json, written by scripts/gpu_check.sh on a
+CUDA machine) is rendered as a "not yet run" section until its json is committed; nothing is made up for it.
 """
 
 from __future__ import annotations
