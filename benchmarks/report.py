@@ -29,6 +29,9 @@ true, false or null (no target). When `measured` is a number and `target` is "<=
 or "= x" (an optional trailing "x" or "%" is ignored), `met` must equal that comparison: a file whose `met`
 contradicts its own numbers is refused. Numbers are rendered as written in the json (floats with up to 4
 significant digits unless stored as strings).
+
+A result that needs hardware this machine lacks (`PENDING`: gpu_check.json, written by scripts/gpu_check.sh on a
+CUDA machine) is rendered as a "not yet run" section until its json is committed; nothing is made up for it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,21 @@ noise. No GPU was available, so GPU figures are FLOP-model estimates and are lab
 _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 _TARGET = re.compile(r"^\s*(<=|>=|<|>|=)\s*([-+0-9.eE]+)\s*[x%]?\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "=": operator.eq}
+
+
+# Sections rendered before their json exists, because the json needs hardware this machine lacks; a committed
+# json replaces the placeholder.
+PENDING = {
+    "gpu_check": {
+        "title": "GPU check: the fast path on CUDA", "order": 5, "command": "bash scripts/gpu_check.sh",
+        "date": "not yet run", "machine": "needs a CUDA machine (1-8 GPUs)", "pending": True,
+        "summary": [{"row": "gpu_check", "measured": "not yet run on a GPU", "target": None, "met": None}],
+        "notes": ["Not yet run on a GPU. `bash scripts/gpu_check.sh` on a CUDA machine writes "
+                  "`benchmarks/results/gpu_check.json` (every check's PASS/FAIL with its numbers; tokens/s/GPU, MFU "
+                  "and peak memory vs plan at T = 4 and T = 8, bf16 and float8; device, torch version, commit) and "
+                  "this section shows it. What to expect meanwhile: docs/scaling.md (expectations, not measurements)."],
+    },
+}
 
 
 class ResultError(ValueError):
@@ -119,6 +137,7 @@ def load_results(results_dir: Path = RESULTS) -> list[tuple[str, dict]]:
         except json.JSONDecodeError as e:
             raise ResultError(f"benchmark result {path.name}: not valid JSON ({e})") from None
         out.append((path.stem, validate(path, data)))
+    out += [(name, dict(d)) for name, d in PENDING.items() if name not in {n for n, _ in out}]
     return sorted(out, key=lambda nd: (nd[1].get("order", 100), nd[0]))
 
 
@@ -135,8 +154,8 @@ def render(results: list[tuple[str, dict]]) -> str:
     lines += _table(["row", "measured", "target", "met"], summary) + [""]
     for name, d in results:
         lines += [f'<a id="{name}"></a>', "", f"## {d['title']}", "",
-                  f"`{d['command']}` · {d['date']} · {d['machine']} · "
-                  f"[`benchmarks/results/{name}.json`](benchmarks/results/{name}.json)", ""]
+                  f"`{d['command']}` · {d['date']} · {d['machine']}" + ("" if d.get("pending") else
+                  f" · [`benchmarks/results/{name}.json`](benchmarks/results/{name}.json)"), ""]
         for t in d.get("tables", []):
             if t.get("title"):
                 lines += [t["title"], ""]
