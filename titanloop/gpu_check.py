@@ -156,7 +156,7 @@ def train_args(run_dir: Path, name: str, overrides: dict, n_loops: int, seq_len:
         raise ValueError(f"precision {precision!r}: expected one of {RECIPES}")
     args = ["--model.vocab_size", "49152", "--training.run_dir", str(run_dir), "--training.steps", str(steps),
             "--training.seq_len", str(seq_len), "--training.micro_batch_size", "1", "--training.global_batch_size",
-            str(n_gpus), "--model.preset", name, "--model.n_loops", str(n_loops), "--loop_sampler.n_loops",
+            str(n_gpus), "--model.preset", name, "--loop_sampler.n_loops",
             str(n_loops), "--optimizer.lr", "1e-3", "--lr_scheduler.warmup_steps", "10",
             "--parallelism.compile", "true", "--parallelism.activation_checkpoint", "loop",
             "--metrics.log_freq", str(LOG_FREQ), "--metrics.wandb", "off", "--checkpoint.enable", "false"]
@@ -186,6 +186,7 @@ def missing_modules(precision: str = "bf16") -> list[str]:
 
 def float8_supported() -> bool:
     """Whether this build's trainer has `training.float8` (the float8 runs are FAILs without it)."""
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.train.config import TrainingSection
 
     return "float8" in getattr(TrainingSection, "__dataclass_fields__", {})
@@ -279,6 +280,7 @@ def _rel(a, ref) -> float:
 
 def kernel_name(q, mask) -> str:
     """The kernel titanloop.model.attention runs for q (its dtype/device) and `mask`."""
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model import attention as attn
 
     if isinstance(mask, attn.DocumentMask):
@@ -303,6 +305,7 @@ def attention_check(label: str, device: str, doc_ids=None, *, attention_fn=None,
     inputs. doc_ids [B, S] or None (plain causal). On CUDA the kernel must also not be a fallback."""
     import torch
 
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model import attention as attn
 
     attention_fn = attention_fn or attn.attention
@@ -356,6 +359,7 @@ def train_fp32(cfg: LoopLMConfig, device: str, steps: int, seq_len: int, batch: 
     per-loop CE, clipped at 1); returns (model, a held-out batch, first loss, mean of the last 5 losses)."""
     import torch
 
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model import LoopLM
     from titanloop.objectives import per_loop_cross_entropy
 
@@ -398,6 +402,7 @@ def bf16_logits_verdict(model, b: dict, first: float, last: float, steps: int) -
     not lower the loss by MIN_LEARNED."""
     import torch
 
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model.attention import math_attention
 
     def logits(m):
@@ -432,6 +437,7 @@ def compile_check(device: str, *, dtype=None, backend: str = "inductor", preset_
     import torch._dynamo
     from torch._dynamo.utils import counters
 
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model import LoopLM
     from titanloop.parallel.compile import apply_compile, compiled_graphs
 
@@ -468,6 +474,7 @@ def readout_check(device: str, *, readout_fn=None, n_loops: int = 4, batch: int 
     import torch
     import torch.nn.functional as F
 
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.objectives import per_loop_cross_entropy
 
     readout_fn = readout_fn or per_loop_cross_entropy
@@ -507,6 +514,7 @@ def readout_check(device: str, *, readout_fn=None, n_loops: int = 4, batch: int 
 # ----- the kernel recorder (runs inside a torchrun worker) -----------------------------------------------------
 def record_kernels(records: list) -> None:
     """Wrap the attention call of titanloop.model.looplm so that every call appends [kernel, q dtype, device]."""
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model import looplm
 
     inner = looplm.attention
@@ -521,6 +529,7 @@ def record_kernels(records: list) -> None:
 def record_kernels_main(out: str, train_argv: list[str]) -> int:
     """`torchrun ... -m titanloop.gpu_check --record-kernels OUT --config ... [overrides]`: the trainer's own
     main with the recorder installed; rank 0 writes the records to OUT."""
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.train.__main__ import main as train_main
 
     records: list = []
@@ -533,6 +542,7 @@ def record_kernels_main(out: str, train_argv: list[str]) -> int:
 
 # ----- the CUDA-only orchestration (not run in CI: no GPU) -----------------------------------------------------
 def _check_flash() -> Check:
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.model.attention import flash_available
 
     if flash_available():
@@ -586,6 +596,7 @@ def _train(n_gpus: int, name: str, overrides: dict, n_loops: int, seq_len: int, 
 
 def planned_peak_gib(config: Path, args: list[str], n_gpus: int) -> float:
     """The memory plan's peak (GiB per GPU) of `config` + `args` at `n_gpus` ranks (fake backend, meta tensors)."""
+    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
     from titanloop.train.config import load_config
     from titanloop.train.dry_run import dry_run
 

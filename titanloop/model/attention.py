@@ -115,7 +115,7 @@ def torch_varlen_available(device) -> bool:
         return False
     if torch.device(device).type == "cuda":
         return True
-    from titanloop.model import varlen_cpu
+    from titanloop.model import varlen_cpu  # (registers CPU kernels: only when a CPU varlen call needs them)
 
     return torch.device(device).type == "cpu" and varlen_cpu.registered()
 
@@ -230,7 +230,7 @@ def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
             raise RuntimeError(f"model.attention_backend='varlen' runs fp16/bf16 on CUDA, got {dtype}: set "
                                "training.dtype to bf16 (or 'auto'), or use attention_backend 'auto'")
         if not cuda:
-            from titanloop.model import varlen_cpu
+            from titanloop.model import varlen_cpu  # (registers CPU kernels: only when a CPU varlen call needs them)
 
             if not varlen_cpu.register():
                 raise RuntimeError(f"model.attention_backend='varlen' on CPU needs the reference kernel of "
@@ -250,7 +250,7 @@ def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
     if mask_elements is not None and mask_elements <= DENSE_MASK_MAX_ELEMENTS:
         return "dense"
     if graph_safe:
-        from titanloop.model import varlen_cpu
+        from titanloop.model import varlen_cpu  # (registers CPU kernels: only when a CPU varlen call needs them)
 
         return "varlen" if varlen_cpu.register() else "dense"
     return "sdpa_per_doc"

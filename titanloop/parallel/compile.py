@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 
 from titanloop.model import LoopLM
-from titanloop.model.attention import fullgraph_ok
+from titanloop.model.attention import document_lengths, fullgraph_ok
 
 
 def apply_compile(model: LoopLM, backend="inductor", fullgraph: bool | None = None) -> bool:
@@ -57,8 +57,6 @@ def fullgraph_check(model: LoopLM, input_ids: torch.Tensor, doc_batches: Iterabl
     every doc_ids [B, S] in `doc_batches` (e.g. different document counts). Returns the loop counts and
     document counts run, the graph breaks recorded meanwhile, the graphs compiled after the first step and
     after all (equal = no recompilation), and `ok`: no graph break and no recompilation."""
-    from titanloop.model.attention import document_lengths
-
     doc_batches, loop_counts = list(doc_batches), list(loop_counts)
     breaks_before, graphs = graph_breaks(), []
     for t in loop_counts:
