@@ -102,7 +102,8 @@ def test_training_commands_and_the_float8_flag(tmp_path):
     tw = gc.train_args(tmp_path, "ouro-1.4b", {"n_layers": 12}, 8, 4096, 8, "tensorwise")
     assert tw == bf16 + ["--training.float8", "tensorwise"] and "--training.float8" not in bf16
     assert gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "rowwise")[-2:] == ["--training.float8", "rowwise"]
-    assert bf16[bf16.index("--model.n_layers") + 1] == "12" and bf16[bf16.index("--model.n_loops") + 1] == "8"
+    assert bf16[bf16.index("--model.n_layers") + 1] == "12" and bf16[bf16.index("--loop_sampler.n_loops") + 1] == "8"
+    assert "--model.n_loops" not in bf16  # T has one home
     with pytest.raises(ValueError, match="precision 'fp8'"):
         gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "fp8")
     cmd = gc.torchrun_command("/py", 8, bf16)

@@ -450,11 +450,18 @@ def compile_check(device: str, *, dtype=None, backend: str = "inductor", preset_
     x = torch.randint(0, model.cfg.vocab_size, (2, seq_len), device=device)
     first = None
     combos = list(itertools.product(loops, doc_counts if doc_masking else (0,)))
-    for t, n_docs in combos:
-        doc_ids = doc_ids_with(n_docs, 2, seq_len).to(device) if doc_masking else None
-        model(x, t, doc_ids=doc_ids).readouts[-1].float().mean().backward()
+    try:
+        for t, n_docs in combos:
+            doc_ids = doc_ids_with(n_docs, 2, seq_len).to(device) if doc_masking else None
+            model(x, t, doc_ids=doc_ids).readouts[-1].float().mean().backward()
+            first = compiled_graphs() if first is None else first
+    except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:  # fullgraph=True
+        if isinstance(e, torch._dynamo.exc.FailOnRecompileLimitHit) or "recompile" in str(e).lower():
+            counters["recompile_limit"][str(e).splitlines()[0]] += 1
+        else:
+            counters["graph_break"][f"fullgraph: {str(e).splitlines()[0]}"] += 1
         first = compiled_graphs() if first is None else first
-    graphs = compiled_graphs()
+    graphs = compiled_graphs() + sum(counters["recompile_limit"].values())  # a hit limit is recompiling
     reasons = counters["graph_break"]
     breaks = sum(reasons.values())
     top = "; ".join(f"{n} x {r.splitlines()[0][:80]}" for r, n in reasons.most_common(2))
