@@ -102,14 +102,12 @@ class _WeightedLinearCrossEntropy(torch.autograd.Function):
             z = logits.sub_(m).exp_()  # in place: exp(logits − max), the one [chunk, V] buffer
             denom = z.sum(dim=-1, keepdim=True)
             loss[s:e] = denom.squeeze(1).log() + m.squeeze(1) - tgt
-            if need_h or need_w:
-                d_logits = z.div_(denom)  # softmax
-                d_logits.scatter_add_(1, safe_t[s:e, None], -torch.ones_like(d_logits[:, :1]))
-                d_logits.mul_(g[s:e, None])
+            if need_h or need_w:  # d(w L)/d logits = w (softmax − onehot), in place in the same buffer
+                z.div_(denom).scatter_add_(1, safe_t[s:e, None], -torch.ones_like(z[:, :1])).mul_(g[s:e, None])
                 if need_h:
-                    grad_h[s:e] = (d_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+                    grad_h[s:e] = (z.to(weight.dtype) @ weight).to(hidden.dtype)
                 if need_w:
-                    grad_w += d_logits.t() @ hidden[s:e].float()
+                    grad_w.addmm_(z.t(), hidden[s:e].float())
             del logits, z  # free this chunk before the next one is allocated (else two are alive at once)
         loss = torch.where(valid, loss, torch.zeros_like(loss))
         total = (g * loss).sum()
