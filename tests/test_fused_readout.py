@@ -188,3 +188,15 @@ def test_bad_inputs_are_one_line_naming_the_field():
     with pytest.raises(ConfigError, match=r"^loop_weights=\(2, 2, 5\) is invalid: expected the shape"):
         fused_per_loop_cross_entropy(readouts, torch.randn(40, 8), torch.zeros(2, 5, dtype=torch.long),
                                      torch.rand(2, 2, 5))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_readout_check_runs_on_cpu(dtype, tol):
+    """The call gpu_check can make on CUDA; here its logic at a tiny shape on CPU (timings are not judged)."""
+    from titanloop.objectives.readout_check import check_fused_readout
+
+    res = check_fused_readout("cpu", dtype, loops=3, batch=2, seq_len=16, hidden=32, vocab=80, chunk_size=7,
+                              repeats=1)
+    assert set(res["max_rel_err"]) == {"loss", "readouts", "lm_head", "gate"}
+    assert all(err <= tol for err in res["max_rel_err"].values()), res["max_rel_err"]
+    assert set(res["seconds"]) == {"fused", "recompute"} and res["peak_bytes"] == {"fused": None, "recompute": None}

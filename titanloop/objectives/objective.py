@@ -8,6 +8,11 @@
 and a dict of fp32 statistics: per-loop CE L^(t), mean exit probability p(t), gate entropy H(p) and
 per-loop hidden RMS ‖H_t‖_rms. Objectives: stage1 (ouro eq. 4), stage2_gate (ouro eqs. 5–6),
 dense (DICE eq. 2), final_only (last loop's CE). Everything is in fp32 whatever the model dtype.
+
+Stage I, dense and final_only are linear in the per-loop CE: loss = Σ_t,b,s w[t,b,s] L^(t)[b,s] + rest, with
+w known before the CE. With cfg.ce_backward = "fused" the CE and its gradients come out of one pass over each
+loop's logits (chunked_ce.fused_per_loop_cross_entropy); "recompute" forms Σ w L from per_loop_cross_entropy,
+whose backward recomputes the logits. Stage II detaches the CE, so it is computed without a graph.
 """
 
 from __future__ import annotations
