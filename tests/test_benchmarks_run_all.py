@@ -20,7 +20,7 @@ def test_run_all_tiny_writes_every_row(tmp_path):
                                         "communication", "data_loader", "checkpoint", "scaling_on_paper",
                                         "document_masking"}
     eff = combined["results"]["loop_efficiency"]
-    assert len(eff["rows"]) == 2
+    assert len(eff["rows"]) == 4 and {r["ce_backward"] for r in eff["rows"]} == {"fused", "recompute"}
     # T=4 loops of 2 layers with a readout per loop cost more FLOPs per token than 8 dense layers and one head
     assert eff["rows"][0]["flops_per_token"] > eff["rows"][1]["flops_per_token"], eff["rows"]
     comm = {r["layout"]: r["comms"] for r in combined["results"]["communication"]["rows"]}

@@ -50,4 +50,8 @@ def test_loss_memory_smoke(tmp_path, capsys):
     # the logits dominate at this size: per-loop must stay near final-only, the naive version must not
     assert res["ratios"]["per_loop/final_only"] <= 1.15
     assert res["ratios"]["per_loop_naive/per_loop"] > 1.5
+    # the fused readout (the default) matches the naive Stage I and holds no more than the recompute path
+    assert res["per_loop_fused_matches_naive"]
+    assert res["ratios"]["per_loop_fused/final_only_fused"] <= 1.15
+    assert res["ratios"]["per_loop_fused/per_loop"] <= 1.0
     assert "per_loop/final_only" in capsys.readouterr().out

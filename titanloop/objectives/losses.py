@@ -24,6 +24,7 @@ from titanloop.objectives.exit_distribution import exit_entropy, exit_log_probs
 OBJECTIVES = ("stage1", "stage2_gate", "dense", "final_only")
 PRIORS = ("uniform", "geometric")
 DENSE_SCHEDULES = ("uniform", "linear", "exponential")
+CE_BACKWARDS = ("fused", "recompute")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class ObjectiveConfig:
     jsrr_weight: float = 0.0  # STARS λ; 0 = off. total = (1-λ) CE + λ JSRR
     jsrr_power_steps: int = 1
     ce_chunk_size: int = 4096  # tokens per chunk of the per-loop cross-entropy
+    # fused: each loop's logits are formed once, the LM-head gradient in the forward (holds a [V, H] gradient
+    # from forward to backward); recompute: the backward recomputes every loop's logits (one more head matmul
+    # per loop). Stage II needs no CE gradient either way.
+    ce_backward: str = "fused"
 
     def __post_init__(self):
         self.validate()
@@ -58,12 +63,19 @@ class ObjectiveConfig:
         require(0 <= self.jsrr_weight <= 1, "objective.jsrr_weight", self.jsrr_weight, "a value in [0, 1]")
         require(self.jsrr_power_steps >= 1, "objective.jsrr_power_steps", self.jsrr_power_steps, "an integer >= 1")
         require(self.ce_chunk_size >= 1, "objective.ce_chunk_size", self.ce_chunk_size, "an integer >= 1")
+        require_choice(self.ce_backward, "objective.ce_backward", CE_BACKWARDS)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x [..., B, S] over valid tokens (mask [B, S]); leading dims are kept."""
     m = mask.to(x.dtype)
     return (x * m).sum(dim=(-2, -1)) / m.sum().clamp_min(1.0)
+
+
+def token_weights(mask: torch.Tensor) -> torch.Tensor:
+    """w [B, S] fp32 with Σ w x = masked_mean(x, mask): 1 / n_valid on valid tokens, 0 on ignored ones."""
+    m = mask.float()
+    return m / m.sum().clamp_min(1.0)
 
 
 def geometric_prior(n_loops: int, eta: float, device=None) -> torch.Tensor:
@@ -80,15 +92,29 @@ def stage1_loss(ce: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor,
     p = log_p.exp()
     expected = (p * ce.float()).sum(0)
     entropy = exit_entropy(log_p)
-    if prior == "uniform":
-        reg = -entropy
-    else:
-        log_pi = geometric_prior(ce.shape[0], eta, ce.device).log().view(-1, *([1] * (ce.dim() - 1)))
-        reg = (p * (log_p - log_pi)).sum(0)
+    reg = _stage1_regularizer(log_p, entropy, prior, eta)
     loss = masked_mean(expected + beta * reg, mask)
     stats = {"expected_ce": masked_mean(expected, mask).detach(), "gate_entropy": masked_mean(entropy, mask).detach(),
              "exit_prob": masked_mean(p, mask).detach()}
     return loss, stats
+
+
+def _stage1_regularizer(log_p: torch.Tensor, entropy: torch.Tensor, prior: str, eta: float) -> torch.Tensor:
+    """Per token: −H(p) (uniform prior) or KL(p‖geometric(η))."""
+    if prior == "uniform":
+        return -entropy
+    log_pi = geometric_prior(log_p.shape[0], eta, log_p.device).log().view(-1, *([1] * (log_p.dim() - 1)))
+    return (log_p.exp() * (log_p - log_pi)).sum(0)
+
+
+def stage1_linear_terms(gate_logits: torch.Tensor, mask: torch.Tensor, beta: float, prior: str = "uniform",
+                        eta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage I as Σ_t,b,s w L^(t) + r: w = p(t) / n_valid [T, B, S] (0 on ignored tokens) and r = β times the
+    mean regularizer (scalar), both differentiable w.r.t. the gate logits. stage1_loss(ce, ...) equals
+    (w * ce).sum() + r within rounding; the fused readout needs w before the CE exists."""
+    log_p = exit_log_probs(gate_logits)
+    reg = _stage1_regularizer(log_p, exit_entropy(log_p), prior, eta)
+    return log_p.exp() * token_weights(mask), masked_mean(beta * reg, mask)
 
 
 def stage2_gate_loss(ce: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor, k: float = 50.0,
@@ -126,11 +152,15 @@ def dense_weights(n_loops: int, schedule: str, device=None) -> torch.Tensor:
     return w / w.sum()
 
 
+def dense_loop_coefficients(n_loops: int, alpha: float, schedule: str, device=None) -> torch.Tensor:
+    """c [T] with DICE's loss = Σ_t c_t mean(L^(t)): α w_k for the intermediate loops, 1 for the last."""
+    return torch.cat([alpha * dense_weights(n_loops, schedule, device), torch.ones(1, device=device)])
+
+
 def dense_supervision_loss(ce: torch.Tensor, mask: torch.Tensor, alpha: float, schedule: str) -> torch.Tensor:
     """DICE eq. 2: ℓ(z_K) + α Σ_{k<K} w_k ℓ(z_k) with one shared readout."""
     per_loop = masked_mean(ce.float(), mask)  # [T]
-    w = dense_weights(ce.shape[0], schedule, ce.device)
-    return per_loop[-1] + alpha * (w * per_loop[:-1]).sum()
+    return (dense_loop_coefficients(ce.shape[0], alpha, schedule, ce.device) * per_loop).sum()
 
 
 def final_loop_loss(ce_last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
