@@ -48,6 +48,7 @@ class StepResult:
     nonfinite_grads: list = field(default_factory=list)  # skipped steps: parameters with a non-finite local grad
     comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
     doc_lengths: list = field(default_factory=list)  # this rank's packed documents (empty: plain causal attention)
+    validation: dict | None = None  # val/... numbers when the Validation callback ran at this step
 
     @property
     def skipped(self) -> bool:
@@ -139,10 +140,13 @@ class Metrics(Callback):
     def __init__(self, run):
         cfg = run.cfg
         self.log_freq = cfg.metrics.log_freq
-        self.logger = MetricsLogger(cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict())
+        self.logger = MetricsLogger(cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict(),
+                                    trained_loops=cfg.looplm.n_loops)
 
     def post_step(self, run, result: StepResult) -> None:
-        if result.skipped or (result.step % self.log_freq and result.step != 1):
+        if result.skipped and result.validation:  # no training numbers to show at a skipped step
+            self.logger.log_validation(result.step, result.validation)
+        if result.skipped or (result.step % self.log_freq and result.step != 1 and not result.validation):
             return
         cfg, mesh = run.cfg, run.mesh
         per_loop = dict(result.per_loop)
@@ -164,7 +168,7 @@ class Metrics(Callback):
         if cfg.parallelism.compile:  # Dynamo graphs compiled so far in this process: constant once warm
             scalars["compiled_graphs"] = compiled_graphs()
         scalars.update({f"comm/{kind}": n for kind, n in sorted(result.comms.items())})
-        self.logger.log(result.step, scalars, per_loop)
+        self.logger.log(result.step, scalars, per_loop, result.validation)
 
     def close(self) -> None:
         self.logger.close()
@@ -206,5 +210,10 @@ class Preemption(Callback):
 
 
 def default_callbacks(run) -> list[Callback]:
-    return [GarbageCollector(), Metrics(run), Checkpointing(), Preemption(run),
-            NonFinite(run.cfg.training.max_nan_steps, run.cfg.training.on_nonfinite)]
+    callbacks = [GarbageCollector()]
+    if run.cfg.validation.enable:
+        from titanloop.train.validation import Validation
+
+        callbacks.append(Validation(run))  # before Metrics, which logs its numbers
+    return callbacks + [Metrics(run), Checkpointing(), Preemption(run),
+                        NonFinite(run.cfg.training.max_nan_steps, run.cfg.training.on_nonfinite)]

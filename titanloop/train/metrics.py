@@ -52,11 +52,24 @@ def format_vector(values, fmt: str = "{:.3f}") -> str:
     return " ".join(fmt.format(v) for v in values)
 
 
+def validation_line(step: int, val: dict, t_train: int) -> str:
+    """One stdout line: loss per loop count, perplexity at T_train and 2 x T_train, E[exit depth], Q-exit."""
+    loops = sorted(int(k.rsplit("_", 1)[1]) for k in val if k.startswith("val/loss/loop_"))
+    losses = " ".join(f"{t}:{val[f'val/loss/loop_{t}']:.3f}" for t in loops)
+    ppl = " ".join(f"{t}:{val[f'val/ppl/loop_{t}']:.2f}" for t in loops if t in (t_train, 2 * t_train))
+    qs = sorted({k.split("/")[2] for k in val if k.startswith("val/q_exit/")}, key=lambda s: float(s[1:]))
+    q_part = " ".join(f"{q[1:]}->{val[f'val/q_exit/{q}/loss']:.3f}@{val[f'val/q_exit/{q}/avg_loops']:.2f}"
+                      for q in qs)
+    return (f"val  {step:5d} | loss/T {losses} | ppl/T {ppl} | E[exit] {val['val/exit_depth']:.2f} of {t_train} | "
+            f"q-exit loss@loops {q_part} | {int(val['val/tokens']):,} tokens {val['val/seconds']:.1f}s")
+
+
 class MetricsLogger:
     """`log(step, scalars, per_loop)` prints one line and sends the same numbers to W&B (rank 0 only)."""
 
-    def __init__(self, cfg, run_dir: str, rank: int, config_dict: dict):
+    def __init__(self, cfg, run_dir: str, rank: int, config_dict: dict, trained_loops: int = 1):
         self.rank = rank
+        self.trained_loops = trained_loops  # T_train, for the validation line
         self.run = None
         self.jsonl = Path(run_dir) / "metrics.jsonl"
         mode = wandb_mode(cfg.wandb)
@@ -87,7 +100,7 @@ class MetricsLogger:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def log(self, step: int, scalars: dict, per_loop: dict) -> None:
+    def log(self, step: int, scalars: dict, per_loop: dict, validation: dict | None = None) -> None:
         if self.rank != 0:
             return
         mfu = scalars.get("mfu")
@@ -104,15 +117,30 @@ class MetricsLogger:
         if comms:
             line += " | comms " + " ".join(f"{k}={v}" for k, v in comms.items())
         print(line, flush=True)
-        self.jsonl.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.jsonl, "a") as f:
-            f.write(json.dumps({"step": step, **scalars, **per_loop}) + "\n")
+        if validation:
+            print(validation_line(step, validation, self.trained_loops), flush=True)
+        self._jsonl({"step": step, **scalars, **per_loop, **(validation or {})})
         if self.run is not None:
             data = {k: v for k, v in scalars.items() if v is not None}
             for name, values in per_loop.items():
                 for t, v in enumerate(values, start=1):
                     data[f"{name}/loop_{t}"] = v
+            data.update(validation or {})
             self._wandb("log", data, step=step)
+
+    def log_validation(self, step: int, validation: dict) -> None:
+        """Validation numbers of a step whose training numbers are not logged (a skipped step)."""
+        if self.rank != 0:
+            return
+        print(validation_line(step, validation, self.trained_loops), flush=True)
+        self._jsonl({"step": step, **validation})
+        if self.run is not None:
+            self._wandb("log", dict(validation), step=step)
+
+    def _jsonl(self, record: dict) -> None:
+        self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def _wandb(self, method: str, *args, **kwargs) -> None:
         """Call the W&B run, never letting W&B stop training: on a preemption SIGTERM Slurm also kills W&B's
