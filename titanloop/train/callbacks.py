@@ -29,6 +29,7 @@ from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
 from titanloop.model.config import attended_keys_per_token
 from titanloop.parallel.compile import compiled_graphs
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
+from titanloop.train.step_timer import breakdown_scalars, straggler_warning
 
 EXIT_CODE_NONFINITE = 3
 
@@ -49,6 +50,7 @@ class StepResult:
     comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
     doc_lengths: list = field(default_factory=list)  # this rank's packed documents (empty: plain causal attention)
     validation: dict | None = None  # val/... numbers when the Validation callback ran at this step
+    timings: dict = field(default_factory=dict)  # log steps: phase times and every rank's (titanloop.train.step_timer)
 
     @property
     def skipped(self) -> bool:
@@ -168,7 +170,12 @@ class Metrics(Callback):
         if cfg.parallelism.compile:  # Dynamo graphs compiled so far in this process: constant once warm
             scalars["compiled_graphs"] = compiled_graphs()
         scalars.update({f"comm/{kind}": n for kind, n in sorted(result.comms.items())})
+        breakdown = breakdown_scalars(result.timings)
+        scalars.update(breakdown)
         self.logger.log(result.step, scalars, per_loop, result.validation)
+        warning = straggler_warning(result.step, breakdown, cfg.metrics.straggler_warn)
+        if warning and mesh.rank == 0:
+            print(warning, flush=True)
 
     def close(self) -> None:
         self.logger.close()

@@ -23,6 +23,7 @@ from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.startup import Mesh, Run
+from titanloop.train.step_timer import StepTimer
 
 
 def train(run: Run, callbacks: list[Callback]) -> int:
@@ -45,6 +46,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     """Forward/backward over the step's micro-batches, the all-reduced loss, then (unless a callback vetoes it)
     clip + optimizer + LR step."""
     cfg, engine, state = run.cfg, run.engine, run.state
+    timer = StepTimer.for_step(run, state.step)  # phase times on log steps only (titanloop.train.step_timer)
     start = time.perf_counter()
     with count_collectives() if cfg.metrics.count_comms else nullcontext() as comms:
         n_loops = run.loop_sampler(state.step)
@@ -54,21 +56,26 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
         doc_lengths = []  # packed documents of this rank's micro-batches (MFU counts the keys they attend to)
         for i in range(accum):
-            batch = next(batches)
+            with timer.phase("data"):
+                batch = next(batches)
             if cfg.training.doc_masking:
                 doc_lengths += document_lengths(batch["doc_ids"])  # a CPU tensor: no device sync
-            loss, stats = forward_objective(run, batch, n_loops)
-            engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
+            with timer.phase("forward"):
+                loss, stats = forward_objective(run, batch, n_loops)
+            with timer.phase("backward"):
+                engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
             if state.step in cfg.training.inject_nan_grad_steps and run.mesh.rank == run.mesh.world_size - 1:
                 next(p for p in engine.model.parameters() if p.grad is not None).grad.mul_(float("nan"))  # testing aid
             loss_sum += loss.detach() / accum
             stats = {k: v / accum for k, v in stats.items()}
             stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
-        loss, per_loop = mean_over_ranks(loss_sum, stats_sum, run.mesh)
+        with timer.phase("allreduce"):
+            loss, per_loop = mean_over_ranks(loss_sum, stats_sum, run.mesh)
         result = StepResult(state.step, n_loops, loss, per_loop, lr, doc_lengths=doc_lengths)
         if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
             max_norm = cfg.training.max_norm if cfg.training.max_norm > 0 else float("inf")
-            grad_norm = float(engine.step(max_norm))  # a non-finite norm: no optimizer/LR step was taken
+            with timer.phase("optimizer"):
+                grad_norm = float(engine.step(max_norm))  # a non-finite norm: no optimizer/LR step was taken
             if math.isfinite(grad_norm):
                 result.grad_norm = grad_norm
             else:
@@ -79,6 +86,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         if result.skipped:
             engine.zero_grad()
     result.seconds = time.perf_counter() - start
+    result.timings = timer.finish(result.seconds)
     result.comms = dict(comms or {})
     return result
 

@@ -21,6 +21,8 @@ import os
 import uuid
 from pathlib import Path
 
+from titanloop.train.step_timer import breakdown_line
+
 H100_BF16_PEAK_FLOPS = 989e12
 RUN_ID_FILE = "wandb_run_id"
 
@@ -117,6 +119,8 @@ class MetricsLogger:
         if comms:
             line += " | comms " + " ".join(f"{k}={v}" for k, v in comms.items())
         print(line, flush=True)
+        if "time/step_s" in scalars:
+            print(breakdown_line(step, scalars), flush=True)
         if validation:
             print(validation_line(step, validation, self.trained_loops), flush=True)
         self._jsonl({"step": step, **scalars, **per_loop, **(validation or {})})
