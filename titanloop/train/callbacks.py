@@ -217,7 +217,12 @@ class Preemption(Callback):
 
 
 def default_callbacks(run) -> list[Callback]:
-    callbacks = [GarbageCollector()]
+    callbacks = []
+    if run.cfg.profiling.enable:
+        from titanloop.train.profiling import Profiling
+
+        callbacks.append(Profiling(run))  # first: its window starts before the other callbacks' pre_step
+    callbacks.append(GarbageCollector())
     if run.cfg.validation.enable:
         from titanloop.train.validation import Validation
 
