@@ -150,6 +150,54 @@ def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
     report.add(line)
 
 
+def _validation_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
+    """What validation reads and scores; the held-out reader is built here for rank 0 where its data is local."""
+    from titanloop.data.shards import is_remote
+    from titanloop.train.config import validation_loops
+    from titanloop.train.validation import batch_size, held_out_batches
+
+    v, t = cfg.validation, cfg.training
+    if not v.enable:
+        report.add("validation: off")
+        return
+    d, b = v.held_out, batch_size(cfg)
+    runs = t.steps // v.freq + (t.steps % v.freq != 0)
+    line = (f"validation: {runs} runs (every {v.freq} steps and the last), {v.steps} batches x {b} rows per "
+            f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {validation_loops(cfg)}, "
+            f"Q-exit q in {v.q}, held-out data {d.kind}")
+    if d.kind in ("synthetic_task", "synthetic_text"):
+        batches = held_out_batches(cfg, 0, dp)  # the reader rank 0 builds at the start of training
+        scored = sum(int((x["labels"] != -100).sum()) for x in batches)
+        line += (f" ({d.task}, split {d.split})" if d.kind == "synthetic_task" else f" (seed {d.seed})")
+        line += f"; rank 0 reader built: {len(batches)} batches, {scored:,} scored tokens"
+    else:
+        line += "; sources " + ", ".join(s.path for s in d.sources)
+        missing = [s.path for s in d.sources if not is_remote(s.path) and not Path(s.path).exists()]
+        placeholders = [s.path for s in d.sources if "YOUR-BUCKET" in s.path]
+        if missing:
+            report.warnings.append(f"validation sources not found here (fine if they exist on the cluster): {missing}")
+        if placeholders:
+            report.warnings.append(f"{len(placeholders)} validation source(s) are placeholders (YOUR-BUCKET): point "
+                                   "[validation.data] sources at your held-out shard sets")
+    report.add(line)
+
+
+def validation_memory_note(cfg: TrainConfig, activations: int, dtype_bytes: int = 2) -> str:
+    """Validation's memory next to the plan's training step (not measured, counted from the shapes): a no-grad
+    forward between steps, compared with the step's measured activations (`activations`, bytes)."""
+    from titanloop.train.config import validation_loops
+    from titanloop.train.validation import batch_size
+
+    m, t = cfg.looplm, cfg.training
+    t_max = max(max(validation_loops(cfg)), m.n_loops)
+    held = 2 * t_max * batch_size(cfg) * t.seq_len * m.hidden_size * dtype_bytes
+    verdict = ("below the step's activations, so no new peak" if held < activations else
+               "MORE than the step's activations: lower validation.batch_size or validation.loops")
+    return (f"validation (counted, not measured): runs between steps, no backward; its forward to T={t_max} loops "
+            f"holds {t_max} readouts + {t_max} states [{batch_size(cfg)}, {t.seq_len}, {m.hidden_size}] = "
+            f"{held / 1e9:.2f} GB (+ one CE chunk), {verdict} ({activations / 1e9:.2f} GB)")
+
+
 def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_size: int,
                      report: DryRunReport) -> None:
     from titanloop.checkpoint import CheckpointConfig, layout
@@ -213,10 +261,14 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         _schedules(cfg, lr_schedulers, dp, report)
         _checkpoint_plan(cfg, n_params, n_trainable, world_size, report)
         _data_plan(cfg, dp, report)
+        _validation_plan(cfg, dp, report)
         if memory_plan:
             from titanloop.train.memory_plan import plan_memory
 
             report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb)
+            if cfg.validation.enable:
+                report.memory_plan.notes.append(validation_memory_note(
+                    cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize))
             report.add(report.memory_plan.text())
     return report
 
