@@ -3,7 +3,8 @@
 - a run with validation on trains bitwise like one with it off (every logged training number), and a resumed
   run repeats the validated run bitwise (training numbers and validation numbers);
 - the val/ numbers equal `python -m titanloop.eval sweep` on the checkpoint of the same step (held-out split of
-  a synthetic task, and held-out synthetic text), under FSDP2 (dp 2) and tensor parallelism (dp 1 x tp 2);
+  a synthetic task, and held-out synthetic text), under FSDP2 (dp 2), tensor parallelism (dp 1 x tp 2) and
+  DeepSpeed ZeRO-3 (dp 2);
 - config errors are one line naming the field.
 """
 
@@ -103,7 +104,7 @@ def _eval_report(tmp_path: Path, ckpt: Path, data: dict, batch_size: int, max_ba
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data,layout", [("task", "dp2"), ("text", "dp2"), ("text", "tp2")])
+@pytest.mark.parametrize("data,layout", [("task", "dp2"), ("text", "dp2"), ("text", "tp2"), ("task", "zero3")])
 def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
     steps, val_steps, mb = 4, 3, 4
     extra = ["--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps),
@@ -113,12 +114,14 @@ def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
         extra += TASK_ARGS
     if layout == "tp2":
         extra += ["--parallelism.tp", "2"]
+    if layout == "zero3":  # DeepSpeed ZeRO-3: parameters gathered by the engine's forward
+        extra += ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"]
     run = tmp_path / "run"
     launch(run, *extra)
     val = records(run)[-1]
     assert val["step"] == steps
     cfg = load_config(DEBUG, extra, world_size=2)
-    dp = 2 if layout == "dp2" else 1
+    dp = 1 if layout == "tp2" else 2
     loops, qs = validation_loops(cfg), cfg.validation.q
     ckpt = run / "checkpoints" / f"step-{steps:08d}"
     if data == "task":  # task held-out batches: dealt round-robin to the ranks, one example per row

@@ -195,7 +195,8 @@ class Validation(Callback):
         self.batches: list[dict] | None = None
 
     def pre_train(self, run) -> None:
-        self.batches = held_out_batches(run.cfg, run.mesh.dp_rank, run.mesh.dp_world)
+        with _SavedRNG():  # reading the held-out set leaves training's RNG streams where they were
+            self.batches = held_out_batches(run.cfg, run.mesh.dp_rank, run.mesh.dp_world)
 
     def post_step(self, run, result: StepResult) -> None:
         if result.step % self.freq and result.step != run.cfg.training.steps:
