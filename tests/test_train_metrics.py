@@ -75,3 +75,19 @@ def test_wandb_offline_panels_validation_section_config_and_commit(tmp_path, cap
     assert sorted({r[1] for r in last["loss_by_loop/val_loss"].table.data}) == ["T=1", "T=2", "T=4"]
     assert "warning" not in capsys.readouterr().out
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_validation_of_a_skipped_step_is_still_logged(tmp_path, capsys):
+    """A non-finite (skipped) step has no training numbers to log; its validation numbers still get their line and
+    their own metrics.jsonl record."""
+    import json
+
+    cfg = SimpleNamespace(wandb="off", wandb_project="p", wandb_entity=None, run_name=None)
+    logger = MetricsLogger(cfg, str(tmp_path), rank=0, config_dict={}, trained_loops=1)
+    val = {"val/loss/loop_1": 2.0, "val/ppl/loop_1": 7.39, "val/loss/loop_2": 1.9, "val/ppl/loop_2": 6.69,
+           "val/exit_depth": 1.0, "val/q_exit/q0.5/loss": 2.0, "val/q_exit/q0.5/avg_loops": 1.0, "val/tokens": 8,
+           "val/seconds": 0.1}
+    logger.log_validation(6, val)
+    out = capsys.readouterr().out
+    assert out.startswith("val      6 | loss/T 1:2.000 2:1.900 | ppl/T 1:7.39 2:6.69 | E[exit] 1.00 of 1")
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 6, **val}
