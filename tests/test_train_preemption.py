@@ -58,7 +58,7 @@ ARGS = ["--config", str(REPO / "train_configs" / "debug.toml"), "--training.step
 # dp runs add STARS' Jacobian regularizer (its random probes must come back identical on resume at any world size;
 # tensor parallelism does not support it)
 JSRR = ["--objective.jsrr_weight", "0.1"]
-TIMING_KEYS = {"tokens_per_s", "tflops", "mfu"}  # wall-clock figures: not expected to repeat
+TIMING_KEYS = {"tokens_per_s", "tflops", "mfu"}  # wall-clock figures (and time/...): not expected to repeat
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a real W&B key (40 hex chars)
 
 
@@ -192,7 +192,7 @@ def history(run_dir: Path) -> dict[int, list[dict]]:
     """step -> every record logged for it (a step re-run after a fallback is logged again), timings removed."""
     out: dict[int, list[dict]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
+        rec = {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS and not k.startswith("time/")}
         out.setdefault(rec["step"], []).append(rec)
     return out
 

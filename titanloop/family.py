@@ -4,6 +4,7 @@ The trainer (config checks, startup, dry run, memory plan, metrics, run summary)
 trains: it asks the run's family, `family_of(cfg)`, in the spirit of torchtitan's ModelSpec:
 
     name                          "looplm" | "retrofit"
+    reads_out_every_loop          whether every loop decodes (held-out validation per loop needs it)
     shape(cfg)                    the LoopLMConfig-shaped view of the model (vocabulary, heads, widths, layers):
                                   what the layout checks, the data pipeline and the memory plan read
     build(cfg, load_weights)      the nn.Module: a LoopLM on the meta device (build_engine allocates each rank's
@@ -54,6 +55,7 @@ class LoopLMFamily:
     """Ouro-style LoopLM: prelude, N shared layers looped T times, exit gate, one LM head (titanloop.model)."""
 
     name = "looplm"
+    reads_out_every_loop = True  # per-loop readouts (held-out validation scores every loop)
 
     def shape(self, cfg: "TrainConfig") -> LoopLMConfig:
         return cfg.model.looplm
@@ -91,6 +93,7 @@ class RetrofitFamily:
     (titanloop.retrofit). Its shape is read from the checkpoint's config.json."""
 
     name = "retrofit"
+    reads_out_every_loop = False  # the coda decodes the last recurrence step only
 
     def __init__(self):
         self._meta_models: dict[tuple, nn.Module] = {}  # FLOP counting needs the built shape, not the weights

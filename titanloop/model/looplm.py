@@ -283,14 +283,17 @@ class LoopLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0,
-                return_logits: str | None = None) -> LoopLMOutput:
+                return_logits: str | None = None, exit_readouts: bool = False) -> LoopLMOutput:
         """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits (arguments as
-        in `loops`). return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models)."""
+        in `loops`). return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models).
+        exit_readouts: readouts[t] is what the model decodes when it stops at loop t (LoopStep.exit_readout, as
+        titanloop.eval scores it) instead of loop t's readout within a T-loop forward (they differ only for
+        readout='final_only_norm'); validation during training uses it."""
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         readouts, states, gates, x, last_input = [], [], [], None, None
         for s in self.loops(input_ids, t_total, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache,
                             position_offset=position_offset):
-            readouts.append(self.readout(s.pre, s.normed, s.t - 1, t_total))
+            readouts.append(s.exit_readout if exit_readouts else self.readout(s.pre, s.normed, s.t - 1, t_total))
             states.append(s.state)
             gates.append(s.gate_logit)
             x, last_input = s.next_input, s.loop_input

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     # (CLI: torch.distributed and the trainer load only after the config is read and valid)
-    from titanloop.train.callbacks import default_callbacks
+    from titanloop.train.run_callbacks import default_callbacks
     from titanloop.train.loop import train
     from titanloop.train.startup import build_run
 

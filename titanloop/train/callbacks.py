@@ -10,8 +10,9 @@ The loop (titanloop.train.loop.train) calls, on every callback in order:
     post_step(run, result)            after each step (taken or skipped); may set run.state.exit_code to stop
     close()                           always, at the end
 
-`default_callbacks(run)` lists them in the order they run: garbage collection, metrics (stdout, metrics.jsonl,
-W&B; speed and MFU), checkpointing, preemption, non-finite losses and gradient norms.
+`default_callbacks(run)` (titanloop.train.run_callbacks) lists them in the order they run: profiling, garbage
+collection, validation, metrics (stdout, metrics.jsonl, W&B; speed and MFU), checkpointing, preemption, non-finite
+losses and gradient norms.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from titanloop.family import family_of
 from titanloop.model.config import attended_keys_per_token
 from titanloop.parallel.compile import compiled_graphs
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
+from titanloop.train.step_timer import breakdown_scalars, straggler_warning
 
 EXIT_CODE_NONFINITE = 3
 
@@ -50,6 +52,8 @@ class StepResult:
     comms: dict = field(default_factory=dict)  # collectives of the step by kind (metrics.count_comms)
     doc_lengths: list = field(default_factory=list)  # this rank's packed documents (empty: plain causal attention)
     tokens: int = 0  # tokens of the step over all data-parallel ranks (train() adds them to ntokens_seen)
+    validation: dict | None = None  # val/... numbers when the Validation callback ran at this step
+    timings: dict = field(default_factory=dict)  # log steps: phase times and every rank's (titanloop.train.step_timer)
 
     @property
     def skipped(self) -> bool:
@@ -141,10 +145,13 @@ class Metrics(Callback):
     def __init__(self, run):
         cfg = run.cfg
         self.log_freq = cfg.metrics.log_freq
-        self.logger = MetricsLogger(cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict())
+        self.logger = MetricsLogger(cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict(),
+                                    trained_loops=cfg.looplm.n_loops)
 
     def post_step(self, run, result: StepResult) -> None:
-        if result.skipped or (result.step % self.log_freq and result.step != 1):
+        if result.skipped and result.validation:  # no training numbers to show at a skipped step
+            self.logger.log_validation(result.step, result.validation)
+        if result.skipped or (result.step % self.log_freq and result.step != 1 and not result.validation):
             return
         cfg, mesh = run.cfg, run.mesh
         per_loop = dict(result.per_loop)
@@ -166,7 +173,12 @@ class Metrics(Callback):
         if cfg.parallelism.compile:  # Dynamo graphs compiled so far in this process: constant once warm
             scalars["compiled_graphs"] = compiled_graphs()
         scalars.update({f"comm/{kind}": n for kind, n in sorted(result.comms.items())})
-        self.logger.log(result.step, scalars, per_loop)
+        breakdown = breakdown_scalars(result.timings)
+        scalars.update(breakdown)
+        self.logger.log(result.step, scalars, per_loop, result.validation)
+        warning = straggler_warning(result.step, breakdown, cfg.metrics.straggler_warn)
+        if warning and mesh.rank == 0:
+            print(warning, flush=True)
 
     def close(self) -> None:
         self.logger.close()
@@ -205,8 +217,3 @@ class Preemption(Callback):
             print(f"[titanloop] preempted at step {step} ({self.monitor.reason}): {saved}, "
                   f"exiting with code {EXIT_CODE_PREEMPTED} so the job is requeued", flush=True)
         run.state.exit_code = EXIT_CODE_PREEMPTED
-
-
-def default_callbacks(run) -> list[Callback]:
-    return [GarbageCollector(), Metrics(run), Checkpointing(), Preemption(run),
-            NonFinite(run.cfg.training.max_nan_steps, run.cfg.training.on_nonfinite)]

@@ -1,4 +1,4 @@
-"""The training config: one TOML file with twelve sections, every field overridable on the command line.
+"""The training config: one TOML file with fourteen sections, every field overridable on the command line.
 
     [stage]          name, init_from (previous stage's checkpoint), upcycle, keep_optimizer (titanloop.recipe.stages)
     [model]          preset + any LoopLMConfig field              (titanloop.model.config)
@@ -10,7 +10,9 @@
     [parallelism]    data-parallel (FSDP2) and tensor-parallel degrees, FSDP resharding, AC, compile
     [data]           titanloop.data.DataConfig fields (kind = synthetic_text | synthetic_task | mds | webdataset)
     [checkpoint]     titanloop.checkpoint.CheckpointConfig: DCP checkpoints in <run_dir>/checkpoints, preemption
-    [metrics]        stdout and W&B logging
+    [metrics]        stdout and W&B logging, step-time breakdown and straggler warning
+    [validation]     held-out loss per loop, expected exit depth and Q-exit quality every `freq` steps
+    [profiling]      torch.profiler traces and CUDA memory snapshots for a window of steps
     [retrofit]       RetrofitConfig: retrofit a pretrained HF checkpoint (titanloop.retrofit); off unless hf_path
 
 `load_config(path, ["--training.steps", "10", ...])` reads the file, applies the overrides and validates
@@ -33,14 +35,15 @@ from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.config_errors import ConfigError, require, require_choice
 from titanloop.data.config import DataConfig
 from titanloop.data.loader import micro_batches_per_rank
+from titanloop.data.synthetic_tasks import build_task
 from titanloop.family import family_of
 from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
 from titanloop.recipe.schedule_checks import check_schedule
 from titanloop.recipe.stages import StageSection
 from titanloop.retrofit.config import RetrofitConfig
-from titanloop.train.engines import check_engine_config
 from titanloop.recipe.schedules import BatchRamp
+from titanloop.train.engines import check_engine_config
 
 DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("off", "online", "offline")
@@ -168,10 +171,70 @@ class MetricsSection:
     wandb_entity: str | None = None
     run_name: str | None = None
     count_comms: bool = False  # count each step's collectives (CommDebugMode) and log them as comm/<kind>
+    # Step-time breakdown on log steps (titanloop.train.step_timer): data wait, forward + objective, backward,
+    # loss all-reduce, optimizer; a barrier ends each phase on log steps only, so waiting for other ranks is its
+    # own row and the slowest rank can be named. false: no barriers, no breakdown.
+    breakdown: bool = True
+    straggler_warn: float = 0.0  # warn when a rank's busy time is this many times the median rank's (0 = never)
 
     def validate(self):
         require(self.log_freq >= 1, "metrics.log_freq", self.log_freq, "an integer >= 1")
         require_choice(self.wandb, "metrics.wandb", WANDB_MODES)
+        require(self.straggler_warn == 0 or self.straggler_warn > 1, "metrics.straggler_warn", self.straggler_warn,
+                "0 (off) or a ratio > 1, e.g. 1.5 (warn when a rank is 1.5x slower than the median)")
+
+
+@dataclass
+class ValidationSection:
+    """Held-out evaluation during training (titanloop.train.validation); off unless enable = true."""
+
+    enable: bool = False
+    freq: int = 1000  # steps between validations (also at the last step)
+    steps: int = 4  # batches per data-parallel rank
+    batch_size: int = 0  # rows per batch per data-parallel rank (0 = training.micro_batch_size)
+    loops: list = field(default_factory=list)  # loop counts T to score ([] = 1..T_train and 2 x T_train)
+    q: list = field(default_factory=lambda: [0.5, 0.8, 0.9])  # Q-exit thresholds (ouro §3.2) over T_train loops
+    # The held-out set: a titanloop.data DataConfig table ([validation.data]). {} = derived from [data]: a
+    # synthetic task's held-out split (split = "eval"), or synthetic text with seed + 1; shard sets need their own.
+    data: dict = field(default_factory=dict)
+    held_out: DataConfig | None = field(init=False, repr=False, default=None)  # `data` resolved (and checked)
+
+    def validate(self, train_data: DataConfig):
+        require(self.freq >= 1, "validation.freq", self.freq, "an integer >= 1 (steps between validations)")
+        require(self.steps >= 1, "validation.steps", self.steps, "an integer >= 1 (batches per data-parallel rank)")
+        require(self.batch_size >= 0, "validation.batch_size", self.batch_size,
+                "an integer >= 1, or 0 for training.micro_batch_size")
+        for t in self.loops:
+            require(isinstance(t, int) and not isinstance(t, bool) and t >= 1, "validation.loops", t,
+                    "integers >= 1 (loop counts T)")
+        for q in self.q:
+            require(isinstance(q, (int, float)) and 0 <= q <= 1, "validation.q", q, "thresholds in [0, 1]")
+        if self.data:
+            self.held_out = DataConfig.from_dict(self.data)
+        elif train_data.kind == "synthetic_task":
+            self.held_out = dataclasses.replace(train_data, split="eval", trace_samples=None)
+        elif train_data.kind == "synthetic_text":
+            self.held_out = dataclasses.replace(train_data, seed=train_data.seed + 1, trace_samples=None)
+        elif self.enable:
+            raise ConfigError(f"validation.data is empty with data.kind={train_data.kind!r}: give the held-out shard "
+                              "sets as [validation.data] kind = ..., sources = [{path = ...}]")
+
+
+@dataclass
+class ProfilingSection:
+    """torch.profiler traces and CUDA memory snapshots for a window of steps (titanloop.train.profiling)."""
+
+    enable: bool = False
+    start_step: int = 10  # first profiled step
+    steps: int = 2  # steps in the window
+    memory_snapshot: bool = True  # CUDA only: record allocator history over the window, dump a pickle (+ on OOM)
+    memory_snapshot_entries: int = 100000  # allocator events kept
+
+    def validate(self):
+        require(self.start_step >= 1, "profiling.start_step", self.start_step, "an integer >= 1")
+        require(self.steps >= 1, "profiling.steps", self.steps, "an integer >= 1")
+        require(self.memory_snapshot_entries >= 1, "profiling.memory_snapshot_entries",
+                self.memory_snapshot_entries, "an integer >= 1")
 
 
 @dataclass
@@ -188,6 +251,8 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     retrofit: RetrofitConfig = field(default_factory=RetrofitConfig)  # used when retrofit.hf_path is set
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    profiling: ProfilingSection = field(default_factory=ProfilingSection)
     source: str | None = None  # the TOML file this came from
 
     @property
@@ -200,6 +265,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         # the derived default depth too: a checkpoint's model config then loads at the depth it was trained at
         d["model"] = {"preset": self.model.preset, **self.model.overrides, "n_loops": self.model.looplm.n_loops}
+        d["validation"].pop("held_out", None)
         return d
 
 
@@ -240,7 +306,7 @@ def _coerce(value, typ, name: str):
 
 def _field_types(cls) -> dict:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
 def _build_section(name: str, cls, values: dict):
@@ -339,10 +405,14 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         checkpoint=_build_section("checkpoint", CheckpointConfig, raw.get("checkpoint", {})),
         metrics=_build_section("metrics", MetricsSection, raw.get("metrics", {})),
         retrofit=_build_section("retrofit", RetrofitConfig, raw.get("retrofit", {})),
+        validation=_build_section("validation", ValidationSection, raw.get("validation", {})),
+        profiling=_build_section("profiling", ProfilingSection, raw.get("profiling", {})),
         source=str(path) if path is not None else None,
     )
-    for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.metrics):
+    for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.metrics,
+                    cfg.profiling):
         section.validate()
+    cfg.validation.validate(cfg.data)
     validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
     one_loop_count(cfg, raw.get("retrofit", {}))
     return cfg
@@ -405,6 +475,32 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
         ramp.check_layout(t.micro_batch_size, dp)
     min_loops, max_loops = cfg.loop_sampler.bounds()
     family_of(cfg).check_layout(cfg, tp, max_loops)
+    if cfg.validation.enable:
+        check_validation_layout(cfg, m)
     if cfg.objective.name == "stage2_gate":
         require(min_loops >= 2, "loop_sampler", min_loops, ">= 2 loops per step for objective.name='stage2_gate'")
 
+
+def validation_loops(cfg: TrainConfig) -> list[int]:
+    """The loop counts validation scores: validation.loops, or 1..T_train and 2 x T_train (T_train: the model's
+    n_loops, the depth titanloop.eval treats as trained; capped at max_loops with per_loop_norm)."""
+    m, t = cfg.looplm, cfg.loop_sampler.n_loops  # T's one home (the model's depth is derived from it)
+    loops = cfg.validation.loops or [*range(1, t + 1), 2 * t]
+    if m.per_loop_norm and not cfg.validation.loops:
+        loops = [t for t in loops if t <= m.max_loops]
+    return sorted(set(loops))
+
+
+def check_validation_layout(cfg: TrainConfig, m: LoopLMConfig) -> None:
+    v = cfg.validation
+    require(family_of(cfg).reads_out_every_loop, "validation.enable", True, "false for a retrofit run (validation "
+            "scores LoopLM readouts at every loop; a retrofit model decodes its last recurrence step only)")
+    if m.per_loop_norm:
+        require(max(validation_loops(cfg)) <= m.max_loops, "validation.loops", v.loops,
+                f"loop counts <= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
+    d = v.held_out
+    if d.kind == "synthetic_task" and d.split == "eval":
+        options = {k: val for k, val in d.task_options.items() if k != "train_size"}
+        vocab = build_task(d.task, seed=d.seed, **options).vocab_size
+        require(vocab <= m.vocab_size, "validation.data.task", d.task,
+                f"a task whose vocabulary ({vocab}) fits model.vocab_size={m.vocab_size}")

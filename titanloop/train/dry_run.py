@@ -30,10 +30,11 @@ from titanloop.data.shards import is_remote
 from titanloop.family import family_of
 from titanloop.objectives import LoopSampler
 from titanloop.recipe import stages
-from titanloop.train.config import TrainConfig, load_config, mesh_degrees, validate_layout
+from titanloop.train.config import TrainConfig, load_config, mesh_degrees, validate_layout, validation_loops
 from titanloop.train.engines import build_lr_schedulers, build_optimizer, parallelize
 from titanloop.train.memory_plan import plan_memory
 from titanloop.train.startup import build_model, default_comm, init_mesh, param_dtype
+from titanloop.train.validation import batch_size, held_out_batches
 
 # Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
 _SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
@@ -66,7 +67,6 @@ def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int,
 def fake_mesh(cfg: TrainConfig, world_size: int, rank: int = 0):
     """The trainer's init_mesh on torchtitan's fake backend (comm.mode="fake_backend"): this process is `rank` of
     `world_size`. The process group is destroyed on exit, so several dry runs can share one process."""
-
     saved = {k: os.environ.get(k) for k in ("NGPU", "RANK", "LOCAL_RANK")}
     os.environ.update(NGPU=str(world_size), RANK=str(rank), LOCAL_RANK="0")
     comm = default_comm()
@@ -97,7 +97,6 @@ class DryRunReport:
 
 
 def _shape_table(model, report: DryRunReport) -> None:
-
     params = dict(model.named_parameters())
     for key in _SHAPE_KEYS:
         p = params.get(key)
@@ -110,7 +109,6 @@ def _shape_table(model, report: DryRunReport) -> None:
 
 def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -> None:
     """Walk the LR, loop-count and batch schedules over every step of the stage."""
-
     t = cfg.training
     lam = lr_schedulers.schedulers[0].lr_lambdas[0]
     sampler = LoopSampler(cfg.loop_sampler)
@@ -135,7 +133,6 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
 
 
 def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
-
     data = cfg.data
     t = cfg.training
     line = (f"data: {data.kind}, each of {dp} data-parallel ranks reads {t.micro_batch_size} x {t.seq_len} "
@@ -153,9 +150,49 @@ def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
     report.add(line)
 
 
+def _validation_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
+    """What validation reads and scores; the held-out reader is built here for rank 0 where its data is local."""
+    v, t = cfg.validation, cfg.training
+    if not v.enable:
+        report.add("validation: off")
+        return
+    d, b = v.held_out, batch_size(cfg)
+    runs = t.steps // v.freq + (t.steps % v.freq != 0)
+    line = (f"validation: {runs} runs (every {v.freq} steps and the last), {v.steps} batches x {b} rows per "
+            f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {validation_loops(cfg)}, "
+            f"Q-exit q in {v.q}, held-out data {d.kind}")
+    if d.kind in ("synthetic_task", "synthetic_text"):
+        batches = held_out_batches(cfg, 0, dp)  # the reader rank 0 builds at the start of training
+        scored = sum(int((x["labels"] != -100).sum()) for x in batches)
+        line += (f" ({d.task}, split {d.split})" if d.kind == "synthetic_task" else f" (seed {d.seed})")
+        line += f"; rank 0 reader built: {len(batches)} batches, {scored:,} scored tokens"
+    else:
+        line += "; sources " + ", ".join(s.path for s in d.sources)
+        missing = [s.path for s in d.sources if not is_remote(s.path) and not Path(s.path).exists()]
+        placeholders = [s.path for s in d.sources if "YOUR-BUCKET" in s.path]
+        if missing:
+            report.warnings.append(f"validation sources not found here (fine if they exist on the cluster): {missing}")
+        if placeholders:
+            report.warnings.append(f"{len(placeholders)} validation source(s) are placeholders (YOUR-BUCKET): point "
+                                   "[validation.data] sources at your held-out shard sets")
+    report.add(line)
+
+
+def validation_memory_note(cfg: TrainConfig, activations: int, dtype_bytes: int = 2) -> str:
+    """Validation's memory next to the plan's training step (not measured, counted from the shapes): a no-grad
+    forward between steps, compared with the step's measured activations (`activations`, bytes)."""
+    m, t = cfg.looplm, cfg.training
+    t_max = max(max(validation_loops(cfg)), m.n_loops)
+    held = 2 * t_max * batch_size(cfg) * t.seq_len * m.hidden_size * dtype_bytes
+    verdict = ("below the step's activations, so no new peak" if held < activations else
+               "MORE than the step's activations: lower validation.batch_size or validation.loops")
+    return (f"validation (counted, not measured): runs between steps, no backward; its forward to T={t_max} loops "
+            f"holds {t_max} readouts + {t_max} states [{batch_size(cfg)}, {t.seq_len}, {m.hidden_size}] = "
+            f"{held / 1e9:.2f} GB (+ one CE chunk), {verdict} ({activations / 1e9:.2f} GB)")
+
+
 def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_size: int,
                      report: DryRunReport) -> None:
-
     c, t = cfg.checkpoint, cfg.training
     # fp32 weights + two fp32 Adam moments of the trained ones (DCP writes each rank's shards; frozen parameters,
     # e.g. stage II's LM or a retrofit's base, get no gradient and so no optimizer state)
@@ -182,7 +219,6 @@ def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_si
 def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu_mem_gb: float = 80.0,
             ) -> DryRunReport:
     """Everything a real start at `world_size` does, on a fake process group and meta tensors."""
-
     validate_layout(cfg, world_size)
     dp, tp = mesh_degrees(cfg, world_size)
     report = DryRunReport()
@@ -211,16 +247,18 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         _schedules(cfg, lr_schedulers, dp, report)
         _checkpoint_plan(cfg, n_params, n_trainable, world_size, report)
         _data_plan(cfg, dp, report)
+        _validation_plan(cfg, dp, report)
         if memory_plan:
             report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb)
+            if cfg.validation.enable:
+                report.memory_plan.notes.append(validation_memory_note(
+                    cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize))
             report.add(report.memory_plan.text())
     return report
 
 
 @cli_errors
 def main(config_path: str, overrides: list[str], world_size: int, memory_plan: bool, gpu_mem_gb: float) -> int:
-
-
     cfg = load_config(config_path, overrides, world_size=world_size)
     report = dry_run(cfg, world_size, memory_plan=memory_plan, gpu_mem_gb=gpu_mem_gb)
     print(report.text())

@@ -25,6 +25,7 @@ from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.startup import Mesh, Run
+from titanloop.train.step_timer import StepTimer
 
 
 def train(run: Run, callbacks: list[Callback]) -> int:
@@ -48,16 +49,19 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     """Forward/backward over the step's micro-batches, the all-reduced loss, then (unless a callback vetoes it)
     clip + optimizer + LR step."""
     cfg, engine, state = run.cfg, run.engine, run.state
+    timer = StepTimer.for_step(run, state.step)  # phase times on log steps only (titanloop.train.step_timer)
     start = time.perf_counter()
     with count_collectives() if cfg.metrics.count_comms else nullcontext() as comms:
         n_loops = run.loop_sampler(state.step)
         accum = run.dataloader.grad_accum_at(state.step - 1)
         lr = engine.lr()
-        acc = accumulate_gradients(run, batches, n_loops, accum)
-        loss, per_loop = mean_over_ranks(acc.loss_sum, acc.stats_sum, run.mesh)
+        acc = accumulate_gradients(run, batches, n_loops, accum, timer=timer)
+        with timer.phase("allreduce"):
+            loss, per_loop = mean_over_ranks(acc.loss_sum, acc.stats_sum, run.mesh)
         result = StepResult(state.step, n_loops, loss, per_loop, lr, doc_lengths=acc.doc_lengths, tokens=acc.tokens)
         if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
-            grad_norm = float(engine.step(max_norm(cfg)))  # a non-finite norm: no optimizer/LR step was taken
+            with timer.phase("optimizer"):
+                grad_norm = float(engine.step(max_norm(cfg)))  # a non-finite norm: no optimizer/LR step was taken
             if math.isfinite(grad_norm):
                 result.grad_norm = grad_norm
             else:
@@ -68,6 +72,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         if result.skipped:
             engine.zero_grad()
     result.seconds = time.perf_counter() - start
+    result.timings = timer.finish(result.seconds)
     result.comms = dict(comms or {})
     return result
 
@@ -88,23 +93,28 @@ class Accumulated:
 
 
 def accumulate_gradients(run: Run, batches, n_loops: int, accum: int,
-                         before_micro_batch: Callable[[], None] | None = None) -> Accumulated:
+                         before_micro_batch: Callable[[], None] | None = None,
+                         timer: StepTimer | None = None) -> Accumulated:
     """The gradient-accumulation part of a step, shared by the trainer (train_step) and the memory plan: zero the
     gradients, then forward T loops + objective and backward for each of `accum` micro-batches from `batches`
     (gradients synchronized after the last one). `before_micro_batch` is a hook for the memory tracker."""
     engine = run.engine
+    timer = timer or StepTimer(False)  # the memory plan times nothing
     engine.zero_grad()
     loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
     doc_lengths, tokens = [], 0
     for i in range(accum):
         if before_micro_batch is not None:
             before_micro_batch()
-        batch = next(batches)
+        with timer.phase("data"):
+            batch = next(batches)
         if run.cfg.training.doc_masking:
             doc_lengths += document_lengths(batch["doc_ids"])  # a CPU tensor: no device sync
         tokens += batch["labels"].numel() * run.mesh.dp_world
-        loss, stats = forward_objective(run, batch, n_loops)
-        engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
+        with timer.phase("forward"):
+            loss, stats = forward_objective(run, batch, n_loops)
+        with timer.phase("backward"):
+            engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
         loss_sum += loss.detach() / accum
         stats = {k: v / accum for k, v in stats.items()}
         stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}

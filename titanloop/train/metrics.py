@@ -18,11 +18,50 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
+from titanloop.train.step_timer import breakdown_line
+
 H100_BF16_PEAK_FLOPS = 989e12
 RUN_ID_FILE = "wandb_run_id"
+CHART_POINTS = 256  # points per series in the loss-by-loop charts (the history is subsampled evenly)
+CHART_EVERY = 100  # logged steps between two loss-by-loop charts (and at every validation)
+
+
+def git_commit(repo: str | os.PathLike = Path(__file__).resolve().parents[2]) -> dict:
+    """{"commit": sha or None, "dirty": bool or None} of the titanloop checkout (recorded in the W&B config)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        if sha.returncode != 0:
+            return {"commit": None, "dirty": None}
+        return {"commit": sha.stdout.strip(), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")
+                                                            .stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _subsample(points: list, n: int = CHART_POINTS) -> list:
+    if len(points) <= n:
+        return points
+    return [points[round(i * (len(points) - 1) / (n - 1))] for i in range(n)]
+
+
+def loss_by_loop_chart(history: list[tuple[int, dict]], title: str, prefix: str):
+    """One W&B line chart with a line per loop: history is [(step, {loop: value})]."""
+    import wandb
+
+    loops = sorted({t for _, values in history for t in values})
+    xs, ys = [], []
+    for t in loops:
+        pts = _subsample([(step, values[t]) for step, values in history if t in values])
+        xs.append([p[0] for p in pts])
+        ys.append([p[1] for p in pts])
+    return wandb.plot.line_series(xs=xs, ys=ys, keys=[f"{prefix}{t}" for t in loops], title=title, xname="step")
 
 
 def stable_run_id(run_dir: str | os.PathLike) -> str:
@@ -52,11 +91,31 @@ def format_vector(values, fmt: str = "{:.3f}") -> str:
     return " ".join(fmt.format(v) for v in values)
 
 
+def validation_line(step: int, val: dict, t_train: int) -> str:
+    """One stdout line: loss per loop count, perplexity at T_train and 2 x T_train, E[exit depth], Q-exit."""
+    loops = sorted(int(k.rsplit("_", 1)[1]) for k in val if k.startswith("val/loss/loop_"))
+    losses = " ".join(f"{t}:{val[f'val/loss/loop_{t}']:.3f}" for t in loops)
+    ppl = " ".join(f"{t}:{val[f'val/ppl/loop_{t}']:.2f}" for t in loops if t in (t_train, 2 * t_train))
+    qs = sorted({k.split("/")[2] for k in val if k.startswith("val/q_exit/")}, key=lambda s: float(s[1:]))
+    q_part = " ".join(f"{q[1:]}->{val[f'val/q_exit/{q}/loss']:.3f}@{val[f'val/q_exit/{q}/avg_loops']:.2f}"
+                      for q in qs)
+    return (f"val  {step:5d} | loss/T {losses} | ppl/T {ppl} | E[exit] {val['val/exit_depth']:.2f} of {t_train} | "
+            f"q-exit loss@loops {q_part} | {int(val['val/tokens']):,} tokens {val['val/seconds']:.1f}s")
+
+
+def _val_losses(validation: dict) -> dict:
+    return {int(k.rsplit("_", 1)[1]): v for k, v in validation.items() if k.startswith("val/loss/loop_")}
+
+
 class MetricsLogger:
     """`log(step, scalars, per_loop)` prints one line and sends the same numbers to W&B (rank 0 only)."""
 
-    def __init__(self, cfg, run_dir: str, rank: int, config_dict: dict):
+    def __init__(self, cfg, run_dir: str, rank: int, config_dict: dict, trained_loops: int = 1):
         self.rank = rank
+        self.trained_loops = trained_loops  # T_train, for the validation line
+        self.train_history: list[tuple[int, dict]] = []  # (step, {loop: ce}) of logged steps, for the W&B chart
+        self.val_history: list[tuple[int, dict]] = []  # (step, {T: held-out loss})
+        self.logged = 0
         self.run = None
         self.jsonl = Path(run_dir) / "metrics.jsonl"
         mode = wandb_mode(cfg.wandb)
@@ -72,7 +131,7 @@ class MetricsLogger:
             try:
                 self.run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity,
                                       name=cfg.run_name or run_id, id=run_id, resume="allow", dir=str(run_dir),
-                                      mode=attempt, config=config_dict,
+                                      mode=attempt, config={**config_dict, "git": git_commit()},
                                       settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False))
                 print(f"[titanloop] W&B {attempt} run id {run_id} in {run_dir}", flush=True)
                 break
@@ -87,7 +146,7 @@ class MetricsLogger:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def log(self, step: int, scalars: dict, per_loop: dict) -> None:
+    def log(self, step: int, scalars: dict, per_loop: dict, validation: dict | None = None) -> None:
         if self.rank != 0:
             return
         mfu = scalars.get("mfu")
@@ -104,15 +163,54 @@ class MetricsLogger:
         if comms:
             line += " | comms " + " ".join(f"{k}={v}" for k, v in comms.items())
         print(line, flush=True)
-        self.jsonl.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.jsonl, "a") as f:
-            f.write(json.dumps({"step": step, **scalars, **per_loop}) + "\n")
+        if "time/step_s" in scalars:
+            print(breakdown_line(step, scalars), flush=True)
+        if validation:
+            print(validation_line(step, validation, self.trained_loops), flush=True)
+        self._jsonl({"step": step, **scalars, **per_loop, **(validation or {})})
         if self.run is not None:
+            # sections: the scalars at the top, <stat>/loop_t per statistic (ce, exit_prob, hidden_rms), time/ (step
+            # breakdown), val/ (validation), loss_by_loop/ (one chart with a line per loop, train and held-out)
             data = {k: v for k, v in scalars.items() if v is not None}
             for name, values in per_loop.items():
                 for t, v in enumerate(values, start=1):
                     data[f"{name}/loop_{t}"] = v
+            data.update(validation or {})
+            self.train_history.append((step, dict(enumerate(per_loop.get("ce", []), start=1))))
+            if validation:
+                self.val_history.append((step, _val_losses(validation)))
+            if validation or self.logged % CHART_EVERY == 0:
+                data.update(self._charts())
+            self.logged += 1
             self._wandb("log", data, step=step)
+
+    def log_validation(self, step: int, validation: dict) -> None:
+        """Validation numbers of a step whose training numbers are not logged (a skipped step)."""
+        if self.rank != 0:
+            return
+        print(validation_line(step, validation, self.trained_loops), flush=True)
+        self._jsonl({"step": step, **validation})
+        if self.run is not None:
+            self.val_history.append((step, _val_losses(validation)))
+            self._wandb("log", {**validation, **self._charts()}, step=step)
+
+    def _charts(self) -> dict:
+        charts = {}
+        try:
+            if self.train_history:
+                charts["loss_by_loop/train_ce"] = loss_by_loop_chart(self.train_history, "training CE by loop",
+                                                                     "loop ")
+            if self.val_history:
+                charts["loss_by_loop/val_loss"] = loss_by_loop_chart(self.val_history, "held-out loss by loop count",
+                                                                     "T=")
+        except Exception as e:  # noqa: BLE001 - a chart never stops training
+            print(f"[titanloop] warning: W&B chart failed ({type(e).__name__}: {e})", flush=True)
+        return charts
+
+    def _jsonl(self, record: dict) -> None:
+        self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def _wandb(self, method: str, *args, **kwargs) -> None:
         """Call the W&B run, never letting W&B stop training: on a preemption SIGTERM Slurm also kills W&B's
