@@ -27,6 +27,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import measured_commit  # noqa: E402
+
 from titanloop.train.config import load_config  # noqa: E402
 from titanloop.train.dry_run import fake_mesh, slurm_stages  # noqa: E402
 from titanloop.train.memory_plan import GB, plan_memory  # noqa: E402
@@ -84,6 +86,7 @@ def write(args, rows, stage_rows, notes) -> None:
         "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else "") +
                    (" --direct-shapes" if args.direct_shapes or args.merge_from else ""),
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("memory_plan"),
         "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
         "summary": [],
         "tables": [

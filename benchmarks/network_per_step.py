@@ -25,6 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import measured_commit  # noqa: E402
+
 import torch  # noqa: E402
 
 from titanloop.train.config import load_config  # noqa: E402
@@ -89,6 +91,7 @@ def main() -> int:
         "order": 62,
         "command": "python benchmarks/network_per_step.py",
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("network_per_step"),
         "machine": "2-core development VM: fake tensors on the fake backend, nothing sent",
         "summary": [{"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
                     for name, ok in checks.items()],
