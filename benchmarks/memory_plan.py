@@ -105,7 +105,8 @@ def write(args, rows, stage_rows, notes) -> None:
             "underestimates with per-loop AC (2.6B, T=4, 4K: 22.1 GB extrapolated, 44.0 GB direct).",
             "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
-            "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
+            "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_memory_plan.py (+-10%, "
+            "bf16 + fp32 reduce, per-loop AC, document masking).",
             "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
             "(planned eager); document masking (planned as causal attention, same memory with flash varlen)."],
     }
