@@ -6,7 +6,8 @@ buffers on the first async save), alternately:
   sync   ckpt.save(step, sync=True): the loop stalls for the whole save (DCP write, fsync, crc32, publish);
   async  ckpt.save(step, sync=False): the loop stalls only for the state_dict + copy to CPU (DCP staging);
          the write runs in a background thread while the loop runs training steps, and the checkpoint is
-         published at a later step boundary (ckpt.maybe_save polls; here ckpt.wait() at the end).
+         published at a later step boundary (ckpt.maybe_save polls; here ckpt.wait() at the end). At least
+         one training step runs during each write; the loaded checkpoint must hold the save call's weights.
 Also the load time of the last checkpoint. Target: async stall <= 25% of the sync save time.
 
     python benchmarks/checkpoint.py [--hidden 512] [--layers 4] [--vocab 16384] [--repeats 3] [--out f.json]
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"[checkpoint bench] LoopLM {n_params / 1e6:.1f}M params + AdamW state; {args.repeats} saves per mode",
           flush=True)
 
-    sync_s, async_stall_s, async_total_s, load_s = [], [], [], []
+    sync_s, async_stall_s, async_total_s, load_s, steps_during_write = [], [], [], [], []
     with tempfile.TemporaryDirectory() as run_dir:
         states = {"model": model, "optimizer": opt}
         ckpt = Checkpointer(CheckpointConfig(interval=10**9, keep_latest_k=2, mode="sync"), run_dir, states=states)
@@ -77,11 +78,14 @@ def main(argv: list[str] | None = None) -> dict:
             sync_s.append(time.perf_counter() - t0)
 
             step += 1
+            saved = {k: v.clone() for k, v in model.state_dict().items()}  # what this save must hold
             t0 = time.perf_counter()
             ckpt.save(step, sync=False)
             async_stall_s.append(time.perf_counter() - t0)
-            while not ckpt._pending.writer.done():  # the loop keeps training while the write runs
-                train_step(model, opt, ids)
+            steps_during_write.append(0)
+            while not steps_during_write[-1] or not ckpt._pending.writer.done():
+                train_step(model, opt, ids)  # the loop keeps training (at least one step) while the write runs
+                steps_during_write[-1] += 1
             ckpt.wait()
             async_total_s.append(time.perf_counter() - t0)
             print(f"  repeat {r + 1}: sync save {sync_s[-1]:.3f}s | async stall {async_stall_s[-1]:.3f}s, "
@@ -93,11 +97,17 @@ def main(argv: list[str] | None = None) -> dict:
             t0 = time.perf_counter()
             assert fresh.load_latest() == step
             load_s.append(time.perf_counter() - t0)
+        # the last checkpoint is an async save: it must hold the weights of its save call, not those of the
+        # training steps that ran while it was written (what an uncopied staging buffer would give)
+        loaded = model.state_dict()
+        async_holds_save_state = all(torch.equal(loaded[k], v) for k, v in saved.items())
 
     med = statistics.median
     result = {
         "config": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params": n_params,
                    "checkpoint_bytes": size, "repeats": args.repeats},
+        "train_steps_during_async_write": steps_during_write,
+        "async_checkpoint_holds_save_state": async_holds_save_state,
         "sync_save_s": med(sync_s), "async_stall_s": med(async_stall_s), "async_publish_s": med(async_total_s),
         "load_s": med(load_s), "raw": {"sync_save_s": sync_s, "async_stall_s": async_stall_s,
                                        "async_publish_s": async_total_s, "load_s": load_s},

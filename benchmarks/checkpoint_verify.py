@@ -19,6 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.report import measured_commit  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -83,6 +86,7 @@ def main(argv=None) -> int:
         "order": 61,
         "command": "python benchmarks/checkpoint_verify.py",
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("checkpoint_verify"),
         "machine": "2-core development VM, CPU only, gloo, local disk, other jobs running",
         "summary": [],
         "tables": [{"title": f"LoopLM hidden {args.hidden}, {args.layers} layers, vocab 32768, FSDP2 over the ranks, "

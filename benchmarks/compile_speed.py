@@ -25,6 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import measured_commit  # noqa: E402
+
 import torch  # noqa: E402
 
 from benchmarks.common import per_loop_checkpointing, time_repeated, training_step  # noqa: E402
@@ -72,6 +74,7 @@ def to_report(res: dict, command: str) -> dict:
         "order": 45,
         "command": command,
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("compile_speed"),
         "machine": "2-core development VM, CPU only (inductor C++ backend, gcc); times are one process's",
         "summary": [
             {"row": f"compiled / eager step time, {shape}", "measured": round(res["step_time_ratio"], 3),

@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.report import measured_commit  # noqa: E402
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -199,6 +201,7 @@ def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024
         "order": 51,
         "command": "python benchmarks/data_loader.py --locality --out benchmarks/results/data_locality.json",
         "date": time.strftime("%Y-%m-%d"),
+        "commit": measured_commit("data_locality"),
         "machine": "2-core development VM, CPU only, other jobs running (bytes are exact; no timing is reported)",
         "summary": [{"row": "data loader read amplification (bytes fetched by all ranks / bytes of rows used), "
                             f"worst of {', '.join(map(str, LOCALITY_WORLDS))} simulated ranks",

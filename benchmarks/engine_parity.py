@@ -17,6 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.report import measured_commit  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
 NOTE = ("Same fp32 math on both engines; they differ at rounding level from the first update on (ZeRO sums the "
@@ -67,6 +70,7 @@ def main() -> None:
         "order": 65,
         "command": "python benchmarks/engine_parity.py --out benchmarks/results/engine_parity.json",
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("engine_parity"),
         "machine": "2-core VM, CPU only, shared (gloo)",
         "summary": summary,
         "tables": [{"title": "relative difference to FSDP2 on 2 ranks, per step (train_configs/debug.toml)",

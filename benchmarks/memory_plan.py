@@ -27,6 +27,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import measured_commit  # noqa: E402
+
 from titanloop.train.config import load_config  # noqa: E402
 from titanloop.train.dry_run import fake_mesh, slurm_stages  # noqa: E402
 from titanloop.train.memory_plan import GB, plan_memory  # noqa: E402
@@ -84,6 +86,7 @@ def write(args, rows, stage_rows, notes) -> None:
         "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else "") +
                    (" --direct-shapes" if args.direct_shapes or args.merge_from else ""),
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("memory_plan"),
         "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
         "summary": [],
         "tables": [
@@ -102,7 +105,8 @@ def write(args, rows, stage_rows, notes) -> None:
             "underestimates with per-loop AC (2.6B, T=4, 4K: 22.1 GB extrapolated, 44.0 GB direct).",
             "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
-            "Validated against real CPU runs at 1 and 2 ranks in tests/test_memory_plan.py (+-15%).",
+            "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_memory_plan.py (+-10%, "
+            "bf16 + fp32 reduce, per-loop AC, document masking).",
             "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
             "(planned eager); document masking (planned as causal attention, same memory with flash varlen)."],
     }

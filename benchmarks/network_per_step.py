@@ -25,6 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import measured_commit  # noqa: E402
+
 import torch  # noqa: E402
 
 from titanloop.train.config import load_config  # noqa: E402
@@ -89,6 +91,7 @@ def main() -> int:
         "order": 62,
         "command": "python benchmarks/network_per_step.py",
         "date": datetime.date.today().isoformat(),
+        "commit": measured_commit("network_per_step"),
         "machine": "2-core development VM: fake tensors on the fake backend, nothing sent",
         "summary": [{"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
                     for name, ok in checks.items()],
@@ -110,12 +113,12 @@ def main() -> int:
                   "layers per step, whatever the number of micro-batches. The sum is the same gradient (the 8-rank "
                   "parity test, tests/test_parallel_8rank.py, accumulates 2 micro-batches per rank); the stage rows "
                   "include the surcharge.",
-                  "Open question about the counter, found 2026-11-24 and not resolved: on real tensors (2 gloo "
-                  "ranks, debug-tiny, one forward+backward) the all-gather bytes halve from fp32 to bf16 parameters "
-                  "as they should (929,296 -> 464,648 B), but the reduce-scatter count is 464,648 B in both, half "
-                  "of the fp32 gradient it reduces: the counter may be reading the output shard rather than the "
-                  "input buffer, in which case the reduce-scatter columns here are 2x low (at 2 ranks). Treat the "
-                  "reduce-scatter figures as unverified.",
+                  "The counter is checked against a hand count (tests/test_mixed_precision.py: debug model, 2 ranks, "
+                  "2 layers: all-gather 2 B and reduce-scatter 4 B per padded parameter element, exactly). Until "
+                  "2026-11-25 it counted FSDP2's all-gather twice (its all_gather_single wrapper and the c10d op "
+                  "the dispatcher also sees), so earlier all-gather figures were 2x high; the reduce-scatter "
+                  "figures were right (the 'open question' of 2026-11-24: reduce-scatter equal to the bf16 "
+                  "all-gather was the all-gather doubled).",
                   "Not covered: tensor-parallel stages (stage2/3/4 move activations inside a node over NVLink), "
                   "the loss all-reduce (a few hundred bytes), overlap of communication with compute."],
     }

@@ -52,3 +52,37 @@ def test_generator_refuses_ragged_tables(tmp_path):
     res = _write(tmp_path, tables=[{"columns": ["a", "b"], "rows": [[1]]}])
     proc = _report("--results", str(res), "--out", str(tmp_path / "B.md"))
     assert proc.returncode == 2 and "tables[0] row 0 does not have 2 cells" in proc.stderr
+
+
+def test_staleness_follows_the_measured_paths_since_the_recorded_commit(tmp_path):
+    from benchmarks.report import render, staleness
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "measured.py").write_text("x = 1\n")
+    (tmp_path / "other.py").write_text("y = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    commit = git("rev-parse", "HEAD")
+    measures = {"x": ["measured.py"]}
+    data = {"title": "T", "command": "c", "date": "2026-11-25", "machine": "cpu", "commit": commit}
+    assert staleness("x", data, tmp_path, measures) == (False, "no measured path changed since")
+    (tmp_path / "other.py").write_text("y = 2\n")  # not measured by x
+    assert not staleness("x", data, tmp_path, measures)[0]
+    (tmp_path / "measured.py").write_text("x = 2\n")  # the measured code changed (even uncommitted)
+    assert staleness("x", data, tmp_path, measures) == (True, "changed since: measured.py")
+    assert staleness("x", {**data, "commit": None}, tmp_path, measures) == (True, "the result records no commit")
+    assert staleness("y", data, tmp_path, measures)[0]  # a result without listed paths counts as stale
+    text = render([("x", data)], tmp_path, measures)
+    assert f"Measured at commit {commit[:10]}; stale when generated" in text
+    assert "yes (changed since: measured.py)" in text
+
+
+def test_every_committed_result_lists_its_paths_and_check_reports_staleness_without_failing():
+    from benchmarks.report import MEASURES, RESULTS
+
+    assert {p.stem for p in RESULTS.glob("*.json")} <= set(MEASURES)
+    proc = _report("--check")
+    assert proc.returncode == 0 and "result(s) stale (reported only)" in proc.stdout, proc.stdout + proc.stderr

@@ -18,7 +18,8 @@ def test_checkpoint_benchmark_smoke(tmp_path, capsys):
         assert len(res["raw"][key]) == 2 and min(res["raw"][key]) <= res[key] <= max(res["raw"][key])
     # an async save is published only after its stall ended, save by save
     assert all(p >= s for p, s in zip(res["raw"]["async_publish_s"], res["raw"]["async_stall_s"]))
-    assert res["meets_target"] == (res["stall_ratio"] <= res["target"])
+    # the async save holds the weights of its save call although training steps changed them during the write
+    assert min(res["train_steps_during_async_write"]) >= 1 and res["async_checkpoint_holds_save_state"]
     # what is saved is weights + 2 AdamW moments in fp32 (+ RNG states and metadata), nothing more or less
     n_bytes, params = res["config"]["checkpoint_bytes"], res["config"]["params"]
     assert 3 * 4 * params < n_bytes < 3.5 * 4 * params, (n_bytes, params)

@@ -14,6 +14,9 @@ def test_data_loader_benchmark_smoke(tmp_path, capsys):
     assert {r["format"] for r in report["loader"]} == {"mds", "webdataset"}
     ouro = report["consumers"]["ouro-1.4b_per_h100_at_40pct_mfu_ESTIMATE"]
     assert 5_000 < ouro < 20_000  # ~10K tokens/s/GPU at 40% MFU (issue's reference figure)
+    # one epoch of the 3:1 mixture's larger source delivers about the whole shard set (60,416 tokens measured for
+    # 60,000 written), the same for both formats (the same documents): not a partial or a second pass
+    assert len({r["tokens"] for r in report["loader"]}) == 1
     for r in report["loader"]:
-        assert r["tokens"] == r["batches"] * 2 * 256 and r["tokens_per_s"] > 0
-        assert abs(r["ratio_vs_ouro_1.4b_per_gpu"] - r["tokens_per_s"] / ouro) < 1e-6
+        assert r["tokens"] == r["batches"] * 2 * 256
+        assert abs(r["tokens"] - report["tokens_per_set"]) <= 0.05 * report["tokens_per_set"], r

@@ -41,7 +41,7 @@ import pytest
 import torch
 
 from titanloop.checkpoint import layout
-from titanloop.checkpoint.safe_reader import read_dcp_entries
+from titanloop.checkpoint.safe_reader import read_dcp_entries, read_dcp_metadata
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -262,8 +262,20 @@ def test_dp2_interrupted_by_usr1_term_and_kill_matches_uninterrupted_run_bitwise
     assert_bitwise_same_run(runs["dp2"], runs["ref_dp2"])
 
 
+def saved_chunk_offsets(run_dir: Path, key: str) -> list[tuple[int, ...]]:
+    """The offsets of the pieces each rank wrote of DCP entry `key` in the run's final checkpoint."""
+    md = read_dcp_metadata(ckpt_root(run_dir) / layout.step_dir_name(STEPS) / ".metadata")
+    return sorted(tuple(c.offsets) for c in md.state_dict_metadata[key].chunks)
+
+
 def test_tp2_interrupted_and_resumed_matches_uninterrupted_run_bitwise(runs):
-    assert any("tp" in k or "/" in k for k in final_state(runs["tp2"])[0])
+    # the run really was tensor parallel: each rank saved half of q_proj's rows (column-parallel) and half of
+    # o_proj's columns (row-parallel); FSDP at dp 2 shards every weight by rows only
+    hidden = final_state(runs["tp2"])[0]["model/layers.0.self_attn.o_proj.weight"].shape[1]
+    for run in ("tp2", "ref_tp2"):
+        assert saved_chunk_offsets(runs[run], "model/layers.0.self_attn.q_proj.weight") == [(0, 0), (hidden // 2, 0)]
+        assert saved_chunk_offsets(runs[run], "model/layers.0.self_attn.o_proj.weight") == [(0, 0), (0, hidden // 2)]
+    assert saved_chunk_offsets(runs["dp2"], "model/layers.0.self_attn.o_proj.weight") == [(0, 0), (hidden // 2, 0)]
     assert_bitwise_same_run(runs["tp2"], runs["ref_tp2"])
 
 

@@ -48,9 +48,12 @@ class _CollectiveBytes(TorchDispatchMode):
     def __init__(self, counts: Counter):
         super().__init__()
         self.counts = counts
+        self.in_all_gather_single = False  # counted by count_collective_bytes' wrapper already
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = _kind(func)
+        if kind == "all_gather" and self.in_all_gather_single:
+            return func(*args, **(kwargs or {}))
         if kind in _COUNTED and getattr(func, "namespace", "") in ("c10d", "_c10d_functional"):
             tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             sizes = [t.numel() * t.element_size() for t in tensors]
@@ -65,16 +68,22 @@ def count_collective_bytes():
     import torch.distributed as dist
 
     counts: Counter = Counter()
-    # FSDP2's all-gather calls the C++ process group directly (no dispatcher op): count it where it is issued.
+    mode = _CollectiveBytes(counts)
+    # FSDP2's all-gather goes through dist.all_gather_single, which may or may not reach the dispatcher as a
+    # c10d op (on the fake backend it does): count it here, once, and let the mode skip what it issues.
     all_gather_single = dist.all_gather_single
 
     def counted_all_gather_single(output_tensor, input_tensor, *args, **kwargs):
         counts["all_gather"] += output_tensor.numel() * output_tensor.element_size()
-        return all_gather_single(output_tensor, input_tensor, *args, **kwargs)
+        mode.in_all_gather_single = True
+        try:
+            return all_gather_single(output_tensor, input_tensor, *args, **kwargs)
+        finally:
+            mode.in_all_gather_single = False
 
     dist.all_gather_single = counted_all_gather_single
     try:
-        with _CollectiveBytes(counts):
+        with mode:
             yield counts
     finally:
         dist.all_gather_single = all_gather_single
