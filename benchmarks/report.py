@@ -258,8 +258,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.check:
-        stale = [(name, why) for name, d in results for is_stale, why in [staleness(name, d)]
-                 if is_stale]
+        stale = [(name, why) for name, d in results if not d.get("pending")
+                 for is_stale, why in [staleness(name, d)] if is_stale]
         for name, why in stale:
             print(f"stale: {name}.json ({why})")
         print(f"{len(stale)} of {len(results)} result(s) stale" + ("" if a.fail_stale else " (reported only)"))
