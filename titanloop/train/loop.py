@@ -21,6 +21,7 @@ import torch.distributed as dist
 from titanloop.model.attention import document_lengths
 from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
+from titanloop.parallel.float8 import count_weight_casts
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.startup import Mesh, Run
 
@@ -46,7 +47,9 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     clip + optimizer + LR step."""
     cfg, engine, state = run.cfg, run.engine, run.state
     start = time.perf_counter()
-    with count_collectives() if cfg.metrics.count_comms else nullcontext() as comms:
+    count_casts = cfg.metrics.count_comms and cfg.training.float8 != "off"  # logged as comm/float8_weight_cast
+    with (count_collectives() if cfg.metrics.count_comms else nullcontext()) as comms, \
+            (count_weight_casts() if count_casts else nullcontext()) as casts:
         n_loops = run.loop_sampler(state.step)
         accum = run.dataloader.grad_accum_at(state.step - 1)
         engine.zero_grad()
@@ -79,7 +82,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         if result.skipped:
             engine.zero_grad()
     result.seconds = time.perf_counter() - start
-    result.comms = dict(comms or {})
+    result.comms = {**(comms or {}), **(casts or {})}
     return result
 
 
