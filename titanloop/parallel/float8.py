@@ -69,11 +69,14 @@ def _converts(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def apply_float8(model: nn.Module, recipe: str, *, emulate: bool) -> int:
+def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool = False) -> int:
     """Swap the decoder layers' linears of `model` (a LoopLM, possibly on the meta device) for Float8Linear in place;
     returns how many were swapped. recipe 'off' does nothing."""
     if recipe == "off":
         return 0
+    # torchtitan refuses the same combination (its emulation is for eager tests only)
+    require(not (emulate and compile), "training.float8", recipe,
+            "'off' with parallelism.compile=true without a GPU (torchao's float8 emulation runs eager only)")
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
@@ -81,6 +84,19 @@ def apply_float8(model: nn.Module, recipe: str, *, emulate: bool) -> int:
     for stack in (model.prelude, model.layers, model.coda):
         convert_to_float8_training(stack, module_filter_fn=_converts, config=config)
     return sum(isinstance(m, Float8Linear) for m in model.modules())
+
+
+def float8_summary(model: nn.Module, recipe: str) -> str:
+    """One line for the dry run: what was converted and how the weights are all-gathered."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    f8 = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    params = sum(m.weight.numel() for m in f8)
+    gather = ("float8 all-gather (1 cast per weight per step with parallelism.reshard_looped='never')"
+              if uses_float8_all_gather(model) else "high-precision all-gather, cast in every matmul")
+    return (f"float8 {recipe}: {len(f8)} of {linears} linears converted ({params / 1e9:.3f}B weights; LM head, gates "
+            f"and embedding stay high precision), {gather}")
 
 
 def uses_float8_all_gather(model: nn.Module) -> bool:

@@ -27,7 +27,7 @@ def parallelize_looplm(model: LoopLM, *, parallel_dims, tp_mesh: DeviceMesh | No
                        float8_emulate: bool = False) -> LoopLM:
     """Apply float8 (training.float8, titanloop.parallel.float8), TP (when parallel_dims.tp > 1), AC, compile and
     FSDP2 to `model` in place and return it."""
-    apply_float8(model, float8, emulate=float8_emulate)
+    apply_float8(model, float8, emulate=float8_emulate, compile=compile)
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
     apply_activation_checkpointing(model, activation_checkpoint)

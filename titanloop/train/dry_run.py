@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titanloop.config_errors import cli_errors, require
+from titanloop.parallel.float8 import float8_summary
 from titanloop.train.config import TrainConfig, mesh_degrees
 
 # Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
@@ -193,7 +194,7 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         unique = {id(p): p for p in model.parameters()}.values()
         n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
         dtype = param_dtype(cfg, "cuda")  # what the run gets on the GPUs it is meant for
-        model = parallelize(cfg, model, mesh, dtype)
+        model = parallelize(cfg, model, mesh, dtype, device_type="cuda")  # float8 (if on) as on GPUs: not emulated
         optimizers = build_optimizer(cfg, model, tp)
         lr_schedulers = build_lr_schedulers(cfg, optimizers)
         m = cfg.looplm
@@ -204,6 +205,8 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
                    f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
                    f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
                    f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors")
+        if cfg.training.float8 != "off":
+            report.add(float8_summary(model, cfg.training.float8))
         if cfg.parallelism.engine != "fsdp2":
             report.warnings.append(f"parallelism.engine={cfg.parallelism.engine!r}: its settings and the schedules are "
                                    "checked, but the mesh and per-rank shapes shown are FSDP2's (ZeRO partitions its "
