@@ -105,6 +105,22 @@ def test_dry_run_converts_the_model_at_real_size():
     assert "float8 all-gather" in text, text
 
 
+@pytest.mark.slow
+def test_memory_plan_gathers_the_looped_weights_in_float8():
+    """The plan (fake tensors, as on GPUs) holds the gathered looped stack in float8 with tensorwise: one byte less
+    per looped linear weight than bf16 (measured: 1,605,576 of 1,605,632 bytes less)."""
+    from titanloop.train.dry_run import dry_run
+
+    overrides = ["--model.hidden_size", "256", "--model.ffn_hidden_size", "704"]
+    gathered = {}
+    for recipe in ("off", "tensorwise"):
+        cfg = load_config(DEBUG, [*overrides, "--training.float8", recipe], world_size=2)
+        gathered[recipe] = dry_run(cfg, 2, memory_plan=True).memory_plan.rows["parameters (gathered)"]
+    looped = N_LAYERS * (4 * 256 * 256 + 3 * 256 * 704)  # q, k, v, o + gate, up, down weights
+    saved = gathered["off"] - gathered["tensorwise"]
+    assert abs(saved - looped) < 0.01 * looped, (gathered, looped)
+
+
 # ----- through torchrun -m titanloop.train on 2 ranks --------------------------------------------------------------
 
 

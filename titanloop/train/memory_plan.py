@@ -158,8 +158,9 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
     n_loops = cfg.loop_sampler.bounds()[1]
     notes = []
     if cfg.training.float8 != "off":
-        notes.append(f"float8 {cfg.training.float8}: measured with torchao's float8 casts and matmul outputs on fake "
-                     "tensors (float8 weights gathered, high-precision inputs saved for backward)")
+        gathered = "float8" if cfg.training.float8 == "tensorwise" else "bf16"
+        notes.append(f"float8 {cfg.training.float8}: measured with torchao's float8 casts and matmuls on fake tensors "
+                     f"({gathered} weights gathered, high-precision inputs saved for backward)")
     if cfg.parallelism.compile:
         notes.append("planned eager: torch.compile usually lowers activation memory (fused elementwise ops)")
     return MemoryPlan(mesh.world_size, n_loops, rows, snap.get("Total", sum(rows.values())), gpu_mem_gb,
