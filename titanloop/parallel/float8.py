@@ -32,6 +32,7 @@ an all-gather of mixed dtypes as bytes (uint8), which gloo carries: the same flo
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter
 
 import torch.nn as nn
@@ -100,6 +101,8 @@ def float8_summary(model: nn.Module, recipe: str) -> str:
 
 
 def uses_float8_all_gather(model: nn.Module) -> bool:
+    if "torchao.float8" not in sys.modules:  # float8 off: do not import torchao (slow, and it warns on import)
+        return False
     from torchao.float8.float8_linear import Float8Linear
 
     return any(isinstance(m, Float8Linear) and m.config.enable_fsdp_float8_all_gather for m in model.modules())
