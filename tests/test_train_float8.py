@@ -215,6 +215,9 @@ def test_float8_checkpoints_have_the_fp32_layout(resume_runs, recipe):
     from test_train_preemption import final_state
 
     got, ref = final_state(resume_runs[f"ref_{recipe}"])[0], final_state(resume_runs["off"])[0]
+    ckpt = resume_runs[f"ref_{recipe}"] / "checkpoints" / layout.step_dir_name(16)
+    # plain tensors: no torchao class pickled (a run without torchao imported could not unpickle one)
+    assert not any(b"torchao" in p.read_bytes() for p in ckpt.glob("*.distcp"))
     assert got.keys() == ref.keys()
     assert {k: (v.dtype, v.shape) for k, v in got.items() if torch.is_tensor(v)} == \
         {k: (v.dtype, v.shape) for k, v in ref.items() if torch.is_tensor(v)}

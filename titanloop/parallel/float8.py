@@ -84,7 +84,26 @@ def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool 
     config = float8_config(recipe, emulate=emulate)
     for stack in (model.prelude, model.layers, model.coda):
         convert_to_float8_training(stack, module_filter_fn=_converts, config=config)
+    if config.enable_fsdp_float8_all_gather:
+        model._register_state_dict_hook(_plain_weights)
     return sum(isinstance(m, Float8Linear) for m in model.modules())
+
+
+def _plain_weights(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict hook: the float8-all-gather weights as the plain tensors they wrap (the same storage), so that
+    checkpoints hold plain fp32 tensors, which a run without float8 (or without torchao imported) loads."""
+    from torch.distributed.tensor import DTensor
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    for key, value in list(state_dict.items()):
+        local = value._local_tensor if isinstance(value, DTensor) else value
+        if not isinstance(local, WeightWithDynamicFloat8CastTensor):
+            continue
+        plain = local._tensor
+        if isinstance(value, DTensor):
+            plain = DTensor.from_local(plain, value.device_mesh, value.placements, run_check=False, shape=value.shape,
+                                       stride=value.stride())
+        state_dict[key] = plain
 
 
 def float8_summary(model: nn.Module, recipe: str) -> str:
