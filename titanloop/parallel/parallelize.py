@@ -1,7 +1,9 @@
-"""parallelize_looplm: TP, AC, compile and FSDP2 applied to a LoopLM from outside the model (titanloop.train.engines).
+"""parallelize_looplm: float8, TP, AC, compile and FSDP2 applied to a LoopLM from outside the model
+(titanloop.train.engines).
 
-Order (as in torchtitan's llama3 parallelize): tensor parallel -> activation checkpointing -> compile ->
-FSDP2. Meshes come from torchtitan's ParallelDims: "fsdp" (data parallel, always present) and "tp".
+Order (as in torchtitan, which converts to float8 when it builds the model, then runs its llama3 parallelize):
+float8 linears -> tensor parallel -> activation checkpointing -> compile -> FSDP2.
+Meshes come from torchtitan's ParallelDims: "fsdp" (data parallel, always present) and "tp".
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch.distributed.tensor import DTensor, Shard
 from titanloop.model import LoopLM
 from titanloop.parallel.activation_checkpoint import apply_activation_checkpointing
 from titanloop.parallel.compile import apply_compile
+from titanloop.parallel.float8 import apply_float8
 from titanloop.parallel.fsdp import apply_fsdp
 from titanloop.parallel.tensor_parallel import apply_tensor_parallel
 
@@ -21,9 +24,12 @@ def parallelize_looplm(model: LoopLM, *, parallel_dims, tp_mesh: DeviceMesh | No
                        sequence_parallel: bool = True, activation_checkpoint: str = "none",
                        compile: bool = False, compile_backend="inductor", param_dtype=torch.float32,
                        reduce_dtype=torch.float32, reshard_looped: str = "never",
-                       compile_fullgraph: bool | None = None) -> LoopLM:
-    """Apply TP (when parallel_dims.tp > 1), AC, compile and FSDP2 to `model` in place and return it.
-    compile_fullgraph: see apply_compile (None: as the attention backend allows)."""
+                       compile_fullgraph: bool | None = None, float8: str = "off",
+                       float8_emulate: bool = False) -> LoopLM:
+    """Apply float8 (training.float8, titanloop.parallel.float8), TP (when parallel_dims.tp > 1), AC, compile and
+    FSDP2 to `model` in place and return it. compile_fullgraph: see apply_compile (None: as the attention backend
+    allows)."""
+    apply_float8(model, float8, emulate=float8_emulate, compile=compile)
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
     apply_activation_checkpointing(model, activation_checkpoint)

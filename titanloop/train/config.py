@@ -39,6 +39,8 @@ from titanloop.data.synthetic_tasks import build_task
 from titanloop.family import family_of
 from titanloop.model.config import PRESETS, LoopLMConfig, preset
 from titanloop.objectives import LoopSamplerConfig, ObjectiveConfig
+from titanloop.parallel.float8 import RECIPES as FLOAT8_RECIPES
+from titanloop.parallel.float8 import check_float8_layout
 from titanloop.recipe.schedule_checks import check_schedule
 from titanloop.recipe.stages import StageSection
 from titanloop.retrofit.config import RetrofitConfig
@@ -103,6 +105,9 @@ class TrainingSection:
     max_norm: float = 1.0  # gradient clipping (0 = off)
     seed: int = 0
     dtype: str = "auto"  # auto: bf16 parameters + fp32 reduce on GPU, fp32 on CPU
+    # float8 matmuls in the decoder layers' linears (torchao; LM head, gates, embedding stay high precision):
+    # off | tensorwise | rowwise; emulated without a GPU (titanloop.parallel.float8, docs/parallelism.md)
+    float8: str = "off"
     doc_masking: bool = True  # attend within each packed document only (no dense mask: flash varlen / flex /
     #                          SDPA per document, see titanloop.model.attention; false: plain causal)
     max_nan_steps: int = 3  # stop after this many non-finite steps in a row (each one is skipped)
@@ -127,6 +132,7 @@ class TrainingSection:
                 "an integer >= 1")
         require(self.max_norm >= 0, "training.max_norm", self.max_norm, "a value >= 0 (0 disables clipping)")
         require_choice(self.dtype, "training.dtype", DTYPES)
+        require_choice(self.float8, "training.float8", FLOAT8_RECIPES)
         require(self.max_nan_steps >= 1, "training.max_nan_steps", self.max_nan_steps, "an integer >= 1")
         require_choice(self.on_nonfinite, "training.on_nonfinite", ("skip", "stop"))
         self.batch_ramp()  # validates the ramp fields
@@ -170,7 +176,9 @@ class MetricsSection:
     wandb_project: str = "titanloop"
     wandb_entity: str | None = None
     run_name: str | None = None
-    count_comms: bool = False  # count each step's collectives (CommDebugMode) and log them as comm/<kind>
+    # count each step's collectives (CommDebugMode) and log them as comm/<kind>; with training.float8 also the float8
+    # weight casts (comm/float8_weight_cast, eager mode only)
+    count_comms: bool = False
     # Step-time breakdown on log steps (titanloop.train.step_timer): data wait, forward + objective, backward,
     # loss all-reduce, optimizer; a barrier ends each phase on log steps only, so waiting for other ranks is its
     # own row and the slowest rank can be named. false: no barriers, no breakdown.
@@ -454,6 +462,7 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
                  and cfg.objective.jsrr_weight > 0), "objective.jsrr_weight", cfg.objective.jsrr_weight,
             "0 with ZeRO-3 (its parameter gathering has no forward-mode AD for JSRR's Jacobian-vector products; "
             "use parallelism.zero_stage=2 or engine='fsdp2')")
+    check_float8_layout(cfg, tp)  # titanloop.parallel.float8
     m = cfg.looplm
     require(m.n_heads % tp == 0 and m.kv_heads % tp == 0, "parallelism.tp", tp,
             f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}")

@@ -29,6 +29,7 @@ from titanloop.data.loader import micro_batches_per_rank
 from titanloop.data.shards import is_remote
 from titanloop.family import family_of
 from titanloop.objectives import LoopSampler
+from titanloop.parallel.float8 import float8_summary
 from titanloop.recipe import stages
 from titanloop.train.config import TrainConfig, load_config, mesh_degrees, validate_layout, validation_loops
 from titanloop.train.engines import build_lr_schedulers, build_optimizer, parallelize
@@ -227,7 +228,7 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         unique = {id(p): p for p in model.parameters()}.values()
         n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
         dtype = param_dtype(cfg, "cuda")  # what the run gets on the GPUs it is meant for
-        model = parallelize(cfg, model, mesh, dtype)
+        model = parallelize(cfg, model, mesh, dtype, device_type="cuda")  # float8 (if on) as on GPUs: not emulated
         optimizers = build_optimizer(cfg, model, tp)
         lr_schedulers = build_lr_schedulers(cfg, optimizers)
         m = cfg.looplm
@@ -238,6 +239,8 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
                    f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
                    f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
                    f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors")
+        if cfg.training.float8 != "off":
+            report.add(float8_summary(model, cfg.training.float8))
         if cfg.parallelism.engine != "fsdp2":
             report.warnings.append(f"parallelism.engine={cfg.parallelism.engine!r}: its settings and the schedules are "
                                    "checked, but the mesh and per-rank shapes shown are FSDP2's (ZeRO partitions its "

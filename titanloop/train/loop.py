@@ -23,6 +23,7 @@ import torch.distributed as dist
 from titanloop.model.attention import document_lengths
 from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
+from titanloop.parallel.float8 import count_weight_casts
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.startup import Mesh, Run
 from titanloop.train.step_timer import StepTimer
@@ -51,7 +52,9 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     cfg, engine, state = run.cfg, run.engine, run.state
     timer = StepTimer.for_step(run, state.step)  # phase times on log steps only (titanloop.train.step_timer)
     start = time.perf_counter()
-    with count_collectives() if cfg.metrics.count_comms else nullcontext() as comms:
+    count_casts = cfg.metrics.count_comms and cfg.training.float8 != "off"  # logged as comm/float8_weight_cast
+    with (count_collectives() if cfg.metrics.count_comms else nullcontext()) as comms, \
+            (count_weight_casts() if count_casts else nullcontext()) as casts:
         n_loops = run.loop_sampler(state.step)
         accum = run.dataloader.grad_accum_at(state.step - 1)
         lr = engine.lr()
@@ -73,7 +76,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
             engine.zero_grad()
     result.seconds = time.perf_counter() - start
     result.timings = timer.finish(result.seconds)
-    result.comms = dict(comms or {})
+    result.comms = {**(comms or {}), **(casts or {})}
     return result
 
 

@@ -102,7 +102,8 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     n_loops = cfg.loop_sampler.bounds()[1]
     if mesh.device.type == "cpu":  # FakeTensors tell "cpu" from "cpu:0"; FSDP2 puts CPU parameters on "cpu"
         mesh = dataclasses.replace(mesh, device=torch.device("cpu"))
-    model = parallelize(cfg, build_model(cfg), mesh, param_dtype)
+    # float8 (if on) as on GPUs on fake tensors; emulated on a real CPU step
+    model = parallelize(cfg, build_model(cfg), mesh, param_dtype, device_type="cuda" if fake else None)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     kernel = sdpa_kernel(SDPBackend.MATH) if attention == "math" else contextlib.nullcontext()
     with mode:
@@ -148,6 +149,10 @@ def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb:
     rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
     n_loops = cfg.loop_sampler.bounds()[1]
     notes = []
+    if cfg.training.float8 != "off":
+        gathered = "float8" if cfg.training.float8 == "tensorwise" else "bf16"
+        notes.append(f"float8 {cfg.training.float8}: measured with torchao's float8 casts and matmuls on fake tensors "
+                     f"({gathered} weights gathered, high-precision inputs saved for backward)")
     if cfg.parallelism.compile:
         notes.append("planned eager: torch.compile usually lowers activation memory (fused elementwise ops)")
     return MemoryPlan(mesh.world_size, n_loops, rows, snap.get("Total", sum(rows.values())), gpu_mem_gb,

@@ -13,6 +13,7 @@ from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfi
 from torchtitan.distributed import utils as dist_utils
 
 from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gradient_sync
+from titanloop.parallel.float8 import precompute_scales, uses_float8_all_gather
 from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
 from titanloop.recipe.schedules import StagedLRSchedulers
 from titanloop.train.engines.base import build_lr_schedulers, init_weights, optimizer_kwargs
@@ -27,6 +28,7 @@ class FSDP2Engine:
         self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
         self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
         self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
+        self.float8_all_gather = uses_float8_all_gather(model)  # training.float8 = "tensorwise"
 
     def forward(self, fn: Callable[[nn.Module], Any]) -> Any:
         return fn(self.model)
@@ -57,6 +59,8 @@ class FSDP2Engine:
         if is_fake(grad_norm) or torch.isfinite(grad_norm):
             self.optimizers.step()
             self.lr_schedulers.step()
+            if self.float8_all_gather:  # the next all-gathers' float8 scales, one all-reduce for all weights
+                precompute_scales(self.model)
         elif per_grad:
             finite = torch.isfinite(torch.stack(per_grad)).tolist()
             self.nonfinite_grads = [name for (name, _), ok in zip(named, finite) if not ok]
@@ -72,15 +76,18 @@ class FSDP2Engine:
         return self.optimizers
 
 
-def parallelize(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype) -> nn.Module:
-    """TP -> AC -> compile -> FSDP2 (titanloop.parallel), in train mode; a meta-device model stays on meta."""
+def parallelize(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype,
+                device_type: str | None = None) -> nn.Module:
+    """float8 -> TP -> AC -> compile -> FSDP2 (titanloop.parallel), in train mode; a meta-device model stays on meta.
+    device_type (default: the mesh's): float8 is emulated without a GPU; the dry run plans as on "cuda"."""
     p = cfg.parallelism
     model = parallelize_looplm(model, parallel_dims=mesh.dims, tp_mesh=mesh.tp_mesh,
                                sequence_parallel=p.sequence_parallel, activation_checkpoint=p.activation_checkpoint,
                                compile=p.compile, compile_backend=p.compile_backend, param_dtype=param_dtype,
                                reduce_dtype=torch.float32, reshard_looped=p.reshard_looped,
                                # JSRR's forward-mode AD runs per-document SDPA (math), outside the graph
-                               compile_fullgraph=False if cfg.objective.jsrr_weight > 0 else None)
+                               compile_fullgraph=False if cfg.objective.jsrr_weight > 0 else None,
+                               float8=cfg.training.float8, float8_emulate=(device_type or mesh.device_type) != "cuda")
     model.train()
     return model
 
