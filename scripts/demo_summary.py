@@ -3,10 +3,12 @@
 
     python scripts/demo_summary.py runs/demo --seeds 0,1,2
 
-Expects runs/demo/eval/{looped,baseline}_s<seed>/report.json (`python -m titanloop.eval sweep`). summary.json is
-{"metric": "accuracy", "seeds": [...], "looped": {"T": 4, "heldout": [...]}, "baseline": {"T": 1, "heldout":
-[...]}} (one held-out exact-match accuracy per seed, each model at its trained depth); depth_curve.json holds the
-whole sweep (accuracy and loss at every T, per seed).
+Expects runs/demo/eval/{looped,baseline}_s<seed>/report.json (`python -m titanloop.eval sweep`) and the training
+logs runs/demo/{looped,baseline}_s<seed>/metrics.jsonl. summary.json is {"metric": "accuracy", "seeds": [...],
+"looped": {"T": 4, "heldout": [...]}, "baseline": {"T": 1, "heldout": [...]}} (one held-out exact-match accuracy per
+seed, each model at its trained depth); depth_curve.json holds the whole sweep (accuracy and loss at every T, per
+seed); loss_curves.json / loss_curves.png hold the per-loop training CE of every run against the step
+({variant: {seed: {"step": [...], "ce": [[loop 1..T] per logged step]}}}), so a loop that stalls is visible.
 """
 
 from __future__ import annotations
@@ -40,6 +42,47 @@ def load_sweeps(root: Path, seeds: list[int]) -> dict:
                         "accuracy": [[r["points"][i]["sequence_accuracy"] for r in reports] for i in range(len(loops))],
                         "loss": [[r["points"][i]["loss"] for r in reports] for i in range(len(loops))]}
     return out
+
+
+def load_curves(root: Path, seeds: list[int]) -> dict:
+    """{variant: {seed: {"step": [...], "ce": [[per loop] per logged step]}}} from each run's metrics.jsonl."""
+    out = {}
+    for variant in VARIANTS:
+        out[variant] = {}
+        for seed in seeds:
+            path = root / f"{variant}_s{seed}" / "metrics.jsonl"
+            if not path.is_file():
+                sys.exit(f"error: {path} is missing: run scripts/demo.sh (every training run logs there)")
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = sorted({r["step"]: r for r in rows}.values(), key=lambda r: r["step"])  # a resumed run repeats steps
+            out[variant][str(seed)] = {"step": [r["step"] for r in rows], "ce": [r["ce"] for r in rows]}
+    return out
+
+
+def plot_curves(path: Path, curves: dict, seeds: list[int]) -> None:
+    """One panel per seed: the looped run's training CE per loop, and the baseline's (T = 1) dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(5, len(seeds))
+    rows = math.ceil(len(seeds) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False, sharey=True)
+    for ax, seed in zip(axes.flat, seeds):
+        looped, base = curves["looped"][str(seed)], curves["baseline"][str(seed)]
+        for t in range(len(looped["ce"][0]) if looped["ce"] else 0):
+            ax.plot(looped["step"], [max(c[t], 1e-4) for c in looped["ce"]], label=f"looped, loop {t + 1}")
+        ax.plot(base["step"], [max(c[-1], 1e-4) for c in base["ce"]], "k--", label="baseline (T=1)")
+        ax.set(yscale="log", title=f"seed {seed}", xlabel="step")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(seeds):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("training CE of the answer")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot(path: Path, sweeps: dict) -> None:
@@ -80,6 +123,9 @@ def main(argv=None) -> int:
     (args.root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.root / "depth_curve.json").write_text(json.dumps(sweeps, indent=1) + "\n")
     plot(args.root / "depth_curve.png", sweeps)
+    curves = load_curves(args.root, seeds)
+    (args.root / "loss_curves.json").write_text(json.dumps(curves) + "\n")
+    plot_curves(args.root / "loss_curves.png", curves, seeds)
 
     print(f"\nHeld-out answer accuracy (mean ± std over seeds {seeds}; loss in brackets):")
     print(f"{'eval T':>6} | " + " | ".join(f"{v + ' (trained T=' + str(s['trained_T']) + ')':>34}"
@@ -94,9 +140,17 @@ def main(argv=None) -> int:
     bm, bs = mean_std(summary["baseline"]["heldout"])
     print(f"\nlooped T={summary['looped']['T']}: {100 * lm:.1f}% ± {100 * ls:.1f}   vs   same parameters at "
           f"T={summary['baseline']['T']}: {100 * bm:.1f}% ± {100 * bs:.1f}   ->   {100 * (lm - bm):+.1f} points")
-    print("per seed:", ", ".join(f"seed {s}: {100 * a:.1f}% vs {100 * b:.1f}%" for s, a, b in
-                                 zip(seeds, summary["looped"]["heldout"], summary["baseline"]["heldout"])))
-    print(f"wrote {args.root / 'summary.json'}, {args.root / 'depth_curve.png'}, {args.root / 'depth_curve.json'}")
+    print(f"\n{'seed':>4} | {'looped':>7} | {'T=1':>7} | {'margin':>7} | final training CE per loop (looped; T=1)")
+    for s, a, b in zip(seeds, summary["looped"]["heldout"], summary["baseline"]["heldout"]):
+        ce_l, ce_b = curves["looped"][str(s)]["ce"], curves["baseline"][str(s)]["ce"]
+        last = " ".join(f"{c:.3f}" for c in ce_l[-1]) if ce_l else "-"
+        last_b = f"{ce_b[-1][-1]:.3f}" if ce_b else "-"
+        print(f"{s:>4} | {100 * a:6.1f}% | {100 * b:6.1f}% | {100 * (a - b):+7.1f} | {last}; {last_b}")
+    margins = [a - b for a, b in zip(summary["looped"]["heldout"], summary["baseline"]["heldout"])]
+    print(f"margin: mean {100 * mean_std(margins)[0]:+.1f} ± {100 * mean_std(margins)[1]:.1f} points, "
+          f"smallest {100 * min(margins):+.1f} (seed {seeds[margins.index(min(margins))]})")
+    print(f"wrote {args.root / 'summary.json'}, {args.root / 'depth_curve.png'}, {args.root / 'depth_curve.json'}, "
+          f"{args.root / 'loss_curves.png'}, {args.root / 'loss_curves.json'}")
     return 0
 
 
