@@ -25,8 +25,16 @@ from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 
 def run(loops=(1, 2, 4, 8), layers=2, hidden=256, vocab=8192, seq_len=256, batch=4, warmup=1, repeats=3):
     torch.manual_seed(0)
-    cfg = LoopLMConfig(vocab_size=vocab, hidden_size=hidden, n_heads=4, ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
-                       n_layers=layers, n_loops=max(loops), max_loops=max(16, max(loops)), max_seq_len=seq_len)
+    cfg = LoopLMConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        n_heads=4,
+        ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
+        n_layers=layers,
+        n_loops=max(loops),
+        max_loops=max(16, max(loops)),
+        max_seq_len=seq_len,
+    )
     plain, ckpt = LoopLM(cfg), LoopLM(cfg)
     ckpt.load_state_dict(plain.state_dict())
     ckpt.loop_wrapper = per_loop_checkpointing
@@ -36,23 +44,44 @@ def run(loops=(1, 2, 4, 8), layers=2, hidden=256, vocab=8192, seq_len=256, batch
         steps = {"none": training_step(plain, ids, t), "loop": training_step(ckpt, ids, t)}
         mem = {k: peak_memory(fn, m).peak_bytes for (k, fn), m in zip(steps.items(), (plain, ckpt))}
         times = time_repeated(steps, warmup=warmup, repeats=repeats)
-        rows.append({"n_loops": t, "peak_mib_no_ac": mem["none"] / MiB, "peak_mib_loop_ac": mem["loop"] / MiB,
-                     "memory_ratio": mem["loop"] / mem["none"], "step_s_no_ac": times["none"]["median"],
-                     "step_s_loop_ac": times["loop"]["median"],
-                     "time_ratio": times["loop"]["median"] / times["none"]["median"]})
-    return {"benchmark": "activation_checkpointing", "layers": layers, "hidden": hidden, "vocab": vocab,
-            "seq_len": seq_len, "batch": batch, "repeats": repeats, "rows": rows}
+        rows.append(
+            {
+                "n_loops": t,
+                "peak_mib_no_ac": mem["none"] / MiB,
+                "peak_mib_loop_ac": mem["loop"] / MiB,
+                "memory_ratio": mem["loop"] / mem["none"],
+                "step_s_no_ac": times["none"]["median"],
+                "step_s_loop_ac": times["loop"]["median"],
+                "time_ratio": times["loop"]["median"] / times["none"]["median"],
+            }
+        )
+    return {
+        "benchmark": "activation_checkpointing",
+        "layers": layers,
+        "hidden": hidden,
+        "vocab": vocab,
+        "seq_len": seq_len,
+        "batch": batch,
+        "repeats": repeats,
+        "rows": rows,
+    }
 
 
 def print_table(res: dict) -> None:
-    print(f"Activation checkpointing per loop: {res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']}, "
-          f"{res['batch']}x{res['seq_len']} tokens, Stage I objective")
-    print(f"{'T':>3} {'peak MiB':>9} {'peak MiB AC':>12} {'mem ratio':>10} {'step s':>8} {'step s AC':>10} "
-          f"{'time ratio':>10}")
+    print(
+        f"Activation checkpointing per loop: {res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']}, "
+        f"{res['batch']}x{res['seq_len']} tokens, Stage I objective"
+    )
+    print(
+        f"{'T':>3} {'peak MiB':>9} {'peak MiB AC':>12} {'mem ratio':>10} {'step s':>8} {'step s AC':>10} "
+        f"{'time ratio':>10}"
+    )
     for r in res["rows"]:
-        print(f"{r['n_loops']:>3} {r['peak_mib_no_ac']:>9.1f} {r['peak_mib_loop_ac']:>12.1f} "
-              f"{r['memory_ratio']:>10.2f} "
-              f"{r['step_s_no_ac']:>8.3f} {r['step_s_loop_ac']:>10.3f} {r['time_ratio']:>10.2f}")
+        print(
+            f"{r['n_loops']:>3} {r['peak_mib_no_ac']:>9.1f} {r['peak_mib_loop_ac']:>12.1f} "
+            f"{r['memory_ratio']:>10.2f} "
+            f"{r['step_s_no_ac']:>8.3f} {r['step_s_loop_ac']:>10.3f} {r['time_ratio']:>10.2f}"
+        )
 
 
 def main(argv=None) -> int:

@@ -53,15 +53,25 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("error: --hidden must be a positive multiple of 8; --layers, --vocab, --repeats >= 1")
 
     torch.manual_seed(0)
-    cfg = LoopLMConfig(vocab_size=args.vocab, hidden_size=args.hidden, n_heads=8, ffn_hidden_size=3 * args.hidden,
-                       n_layers=args.layers, n_loops=2, max_loops=2, max_seq_len=64)
+    cfg = LoopLMConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        n_heads=8,
+        ffn_hidden_size=3 * args.hidden,
+        n_layers=args.layers,
+        n_loops=2,
+        max_loops=2,
+        max_seq_len=64,
+    )
     model = build_looplm(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, args.vocab, (1, 16))
     train_step(model, opt, ids)  # creates the optimizer state that gets saved
     n_params = model.num_params()
-    print(f"[checkpoint bench] LoopLM {n_params / 1e6:.1f}M params + AdamW state; {args.repeats} saves per mode",
-          flush=True)
+    print(
+        f"[checkpoint bench] LoopLM {n_params / 1e6:.1f}M params + AdamW state; {args.repeats} saves per mode",
+        flush=True,
+    )
 
     sync_s, async_stall_s, async_total_s, load_s, steps_during_write = [], [], [], [], []
     with tempfile.TemporaryDirectory() as run_dir:
@@ -88,8 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
                 steps_during_write[-1] += 1
             ckpt.wait()
             async_total_s.append(time.perf_counter() - t0)
-            print(f"  repeat {r + 1}: sync save {sync_s[-1]:.3f}s | async stall {async_stall_s[-1]:.3f}s, "
-                  f"published after {async_total_s[-1]:.3f}s", flush=True)
+            print(
+                f"  repeat {r + 1}: sync save {sync_s[-1]:.3f}s | async stall {async_stall_s[-1]:.3f}s, "
+                f"published after {async_total_s[-1]:.3f}s",
+                flush=True,
+            )
         ckpt.close()
         size = sum(p.stat().st_size for p in (Path(run_dir) / "checkpoints" / f"step-{step:08d}").iterdir())
         for _ in range(args.repeats):
@@ -104,23 +117,42 @@ def main(argv: list[str] | None = None) -> dict:
 
     med = statistics.median
     result = {
-        "config": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params": n_params,
-                   "checkpoint_bytes": size, "repeats": args.repeats},
+        "config": {
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "vocab": args.vocab,
+            "params": n_params,
+            "checkpoint_bytes": size,
+            "repeats": args.repeats,
+        },
         "train_steps_during_async_write": steps_during_write,
         "async_checkpoint_holds_save_state": async_holds_save_state,
-        "sync_save_s": med(sync_s), "async_stall_s": med(async_stall_s), "async_publish_s": med(async_total_s),
-        "load_s": med(load_s), "raw": {"sync_save_s": sync_s, "async_stall_s": async_stall_s,
-                                       "async_publish_s": async_total_s, "load_s": load_s},
+        "sync_save_s": med(sync_s),
+        "async_stall_s": med(async_stall_s),
+        "async_publish_s": med(async_total_s),
+        "load_s": med(load_s),
+        "raw": {
+            "sync_save_s": sync_s,
+            "async_stall_s": async_stall_s,
+            "async_publish_s": async_total_s,
+            "load_s": load_s,
+        },
     }
     result["stall_ratio"] = result["async_stall_s"] / result["sync_save_s"]
     result["target"] = TARGET
     result["meets_target"] = result["stall_ratio"] <= TARGET
     print(f"\n{'checkpoint of':<28}{size / 2**20:>10.1f} MiB")
-    for label, key in (("sync save (loop stalled)", "sync_save_s"), ("async save: loop stall", "async_stall_s"),
-                       ("async save: published after", "async_publish_s"), ("load", "load_s")):
+    for label, key in (
+        ("sync save (loop stalled)", "sync_save_s"),
+        ("async save: loop stall", "async_stall_s"),
+        ("async save: published after", "async_publish_s"),
+        ("load", "load_s"),
+    ):
         print(f"{label:<28}{result[key]:>10.3f} s")
-    print(f"{'async stall / sync save':<28}{result['stall_ratio']:>10.3f}   (target <= {TARGET}: "
-          f"{'met' if result['meets_target'] else 'NOT met'})")
+    print(
+        f"{'async stall / sync save':<28}{result['stall_ratio']:>10.3f}   (target <= {TARGET}: "
+        f"{'met' if result['meets_target'] else 'NOT met'})"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

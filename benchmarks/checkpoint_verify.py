@@ -35,10 +35,26 @@ def worker(hidden: int, layers: int, out: str) -> None:
     from titanloop.train.startup import build_model, init_mesh
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = load_config(None, ["--model.preset", "debug-tiny", "--model.hidden_size", str(hidden),
-                             "--model.ffn_hidden_size", str(hidden * 3), "--model.n_layers", str(layers),
-                             "--model.vocab_size", "32768", "--training.global_batch_size", str(4 * world),
-                             "--training.micro_batch_size", "4"], world_size=world)
+    cfg = load_config(
+        None,
+        [
+            "--model.preset",
+            "debug-tiny",
+            "--model.hidden_size",
+            str(hidden),
+            "--model.ffn_hidden_size",
+            str(hidden * 3),
+            "--model.n_layers",
+            str(layers),
+            "--model.vocab_size",
+            "32768",
+            "--training.global_batch_size",
+            str(4 * world),
+            "--training.micro_batch_size",
+            "4",
+        ],
+        world_size=world,
+    )
     mesh = init_mesh(cfg)
     engine = build_engine(cfg, build_model(cfg), mesh, torch.float32)
     for p in engine.model.parameters():  # create the AdamW state
@@ -75,8 +91,22 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "times.json"
             env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-                            __file__, "--worker", str(args.hidden), str(args.layers), str(out)], env=env, check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={world}",
+                    __file__,
+                    "--worker",
+                    str(args.hidden),
+                    str(args.layers),
+                    str(out),
+                ],
+                env=env,
+                check=True,
+            )
             r = json.loads(out.read_text())
         gb = r["bytes"] / 1e9
         rows.append([world, f"{gb:.2f}"] + [f"{r[k] / gb:.2f}" for k in ("save", "verify", "load")])
@@ -89,12 +119,19 @@ def main(argv=None) -> int:
         "commit": measured_commit("checkpoint_verify"),
         "machine": "2-core development VM, CPU only, gloo, local disk, other jobs running",
         "summary": [],
-        "tables": [{"title": f"LoopLM hidden {args.hidden}, {args.layers} layers, vocab 32768, FSDP2 over the ranks, "
-                             "AdamW state; sync save (DCP write + fsync + crc32 + publish), verify (sizes + crc32 "
-                             "of this rank's share, Checkpointer.verify), load (verify + DCP read):",
-                    "columns": ["ranks", "checkpoint GB", "save s/GB", "verify s/GB", "load s/GB"], "rows": rows}],
-        "notes": ["verify is the slowest rank's share: with N ranks each reads ~1/N of the bytes; before this change "
-                  "rank 0 read all of them."],
+        "tables": [
+            {
+                "title": f"LoopLM hidden {args.hidden}, {args.layers} layers, vocab 32768, FSDP2 over the ranks, "
+                "AdamW state; sync save (DCP write + fsync + crc32 + publish), verify (sizes + crc32 "
+                "of this rank's share, Checkpointer.verify), load (verify + DCP read):",
+                "columns": ["ranks", "checkpoint GB", "save s/GB", "verify s/GB", "load s/GB"],
+                "rows": rows,
+            }
+        ],
+        "notes": [
+            "verify is the slowest rank's share: with N ranks each reads ~1/N of the bytes; before this change "
+            "rank 0 read all of them."
+        ],
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

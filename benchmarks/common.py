@@ -61,8 +61,14 @@ def peak_memory(fn: Callable[[], object], *track, device: str = "cpu") -> PeakMe
 
 def _stats(times: list[float]) -> dict:
     q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
-    return {"median": statistics.median(times), "min": min(times), "max": max(times),
-            "iqr": q[2] - q[0], "repeats": len(times), "times": times}
+    return {
+        "median": statistics.median(times),
+        "min": min(times),
+        "max": max(times),
+        "iqr": q[2] - q[0],
+        "repeats": len(times),
+        "times": times,
+    }
 
 
 def time_repeated(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 5) -> dict[str, dict]:

@@ -43,11 +43,34 @@ LAYOUTS = [
 
 def run_layout(name: str, nproc: int, overrides: list[str], steps: int, workdir: Path) -> dict:
     run_dir = workdir / name.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "titanloop.train", "--config", str(ROOT / "train_configs" / "debug.toml"),
-           "--training.run_dir", f'"{run_dir}"', "--training.steps", str(steps), "--metrics.log_freq", "1",
-           "--metrics.count_comms", "true", "--metrics.wandb", '"off"', "--checkpoint.enable", "false",
-           "--training.global_batch_size", "16", "--training.micro_batch_size", "8", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "titanloop.train",
+        "--config",
+        str(ROOT / "train_configs" / "debug.toml"),
+        "--training.run_dir",
+        f'"{run_dir}"',
+        "--training.steps",
+        str(steps),
+        "--metrics.log_freq",
+        "1",
+        "--metrics.count_comms",
+        "true",
+        "--metrics.wandb",
+        '"off"',
+        "--checkpoint.enable",
+        "false",
+        "--training.global_batch_size",
+        "16",
+        "--training.micro_batch_size",
+        "8",
+        *overrides,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -63,18 +86,28 @@ def run(steps: int = 3) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run_layout(n, p, o, steps, Path(tmp)) for n, p, o in LAYOUTS]
     layer_bytes = cfg.layer_params() * 4
-    return {"benchmark": "communication", "model": "debug-tiny", "n_layers": cfg.n_layers, "n_loops": cfg.n_loops,
-            "looped_layer_fp32_bytes": layer_bytes, "rows": rows}
+    return {
+        "benchmark": "communication",
+        "model": "debug-tiny",
+        "n_layers": cfg.n_layers,
+        "n_loops": cfg.n_loops,
+        "looped_layer_fp32_bytes": layer_bytes,
+        "rows": rows,
+    }
 
 
 def print_table(res: dict) -> None:
     kinds = sorted({k for r in res["rows"] for k in r["comms"]})
-    print(f"Collectives per optimizer step, per rank (debug-tiny: {res['n_layers']} looped layers x "
-          f"{res['n_loops']} loops; CommDebugMode counts)")
+    print(
+        f"Collectives per optimizer step, per rank (debug-tiny: {res['n_layers']} looped layers x "
+        f"{res['n_loops']} loops; CommDebugMode counts)"
+    )
     print(f"{'layout':<34} {'procs':>5} {'T':>2} " + " ".join(f"{k[:22]:>22}" for k in kinds))
     for r in res["rows"]:
-        print(f"{r['layout']:<34} {r['nproc']:>5} {r['n_loops']:>2} "
-              + " ".join(f"{r['comms'].get(k, 0):>22}" for k in kinds))
+        print(
+            f"{r['layout']:<34} {r['nproc']:>5} {r['n_loops']:>2} "
+            + " ".join(f"{r['comms'].get(k, 0):>22}" for k in kinds)
+        )
 
 
 def main(argv=None) -> int:

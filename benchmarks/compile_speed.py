@@ -36,8 +36,16 @@ from titanloop.parallel.compile import apply_compile, compiled_graphs  # noqa: E
 
 def run(hidden=256, layers=2, vocab=4096, seq_len=256, batch=4, n_loops=4, other_loops=(2, 8), repeats=5) -> dict:
     torch.manual_seed(0)
-    cfg = LoopLMConfig(vocab_size=vocab, hidden_size=hidden, n_heads=4, ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
-                       n_layers=layers, n_loops=n_loops, max_loops=16, max_seq_len=seq_len)
+    cfg = LoopLMConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        n_heads=4,
+        ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
+        n_layers=layers,
+        n_loops=n_loops,
+        max_loops=16,
+        max_seq_len=seq_len,
+    )
     eager, compiled = LoopLM(cfg), LoopLM(cfg)
     compiled.load_state_dict(eager.state_dict())
     for m in (eager, compiled):  # what parallelism.activation_checkpoint = "loop" sets
@@ -58,17 +66,30 @@ def run(hidden=256, layers=2, vocab=4096, seq_len=256, batch=4, n_loops=4, other
         training_step(compiled, ids, t)()
     graphs_after_all = compiled_graphs()
     ratio = times["compiled"]["median"] / times["eager"]["median"]
-    return {"hidden": hidden, "layers": layers, "vocab": vocab, "seq_len": seq_len, "batch": batch,
-            "n_loops": n_loops, "other_loops": list(other_loops), "repeats": repeats,
-            "first_step_s": {"eager": eager_first, "compiled": compiled_first},
-            "compile_s": compiled_first - eager_first, "step_s": {k: v["median"] for k, v in times.items()},
-            "step_time_ratio": ratio, "first_loss": {"eager": loss_eager, "compiled": loss_compiled},
-            "graphs_after_first_step": graphs_after_first, "graphs_after_other_loop_counts": graphs_after_all}
+    return {
+        "hidden": hidden,
+        "layers": layers,
+        "vocab": vocab,
+        "seq_len": seq_len,
+        "batch": batch,
+        "n_loops": n_loops,
+        "other_loops": list(other_loops),
+        "repeats": repeats,
+        "first_step_s": {"eager": eager_first, "compiled": compiled_first},
+        "compile_s": compiled_first - eager_first,
+        "step_s": {k: v["median"] for k, v in times.items()},
+        "step_time_ratio": ratio,
+        "first_loss": {"eager": loss_eager, "compiled": loss_compiled},
+        "graphs_after_first_step": graphs_after_first,
+        "graphs_after_other_loop_counts": graphs_after_all,
+    }
 
 
 def to_report(res: dict, command: str) -> dict:
-    shape = (f"{res['layers']} layers x hidden {res['hidden']}, vocab {res['vocab']}, {res['batch']} x "
-             f"{res['seq_len']} tokens, T = {res['n_loops']}, per-loop AC, Stage I")
+    shape = (
+        f"{res['layers']} layers x hidden {res['hidden']}, vocab {res['vocab']}, {res['batch']} x "
+        f"{res['seq_len']} tokens, T = {res['n_loops']}, per-loop AC, Stage I"
+    )
     return {
         "title": "torch.compile of the looped block on CPU (inductor)",
         "order": 45,
@@ -77,25 +98,46 @@ def to_report(res: dict, command: str) -> dict:
         "commit": measured_commit("compile_speed"),
         "machine": "2-core development VM, CPU only (inductor C++ backend, gcc); times are one process's",
         "summary": [
-            {"row": f"compiled / eager step time, {shape}", "measured": round(res["step_time_ratio"], 3),
-             "target": None, "met": None},
-            {"row": "compile time of the first step (s, CPU; on GPU it differs)",
-             "measured": round(res["compile_s"], 1), "target": None, "met": None},
-            {"row": f"graphs recompiled when T changes ({res['n_loops']} -> "
-                    f"{', '.join(map(str, res['other_loops']))})",
-             "measured": res["graphs_after_other_loop_counts"] - res["graphs_after_first_step"], "target": "= 0",
-             "met": res["graphs_after_other_loop_counts"] == res["graphs_after_first_step"]},
+            {
+                "row": f"compiled / eager step time, {shape}",
+                "measured": round(res["step_time_ratio"], 3),
+                "target": None,
+                "met": None,
+            },
+            {
+                "row": "compile time of the first step (s, CPU; on GPU it differs)",
+                "measured": round(res["compile_s"], 1),
+                "target": None,
+                "met": None,
+            },
+            {
+                "row": f"graphs recompiled when T changes ({res['n_loops']} -> "
+                f"{', '.join(map(str, res['other_loops']))})",
+                "measured": res["graphs_after_other_loop_counts"] - res["graphs_after_first_step"],
+                "target": "= 0",
+                "met": res["graphs_after_other_loop_counts"] == res["graphs_after_first_step"],
+            },
         ],
-        "tables": [{"columns": ["", "eager", "compiled"],
-                    "rows": [["first step (s)", round(res["first_step_s"]["eager"], 2),
-                              round(res["first_step_s"]["compiled"], 2)],
-                             ["median step (s)", round(res["step_s"]["eager"], 4), round(res["step_s"]["compiled"], 4)],
-                             ["first-step loss", round(res["first_loss"]["eager"], 6),
-                              round(res["first_loss"]["compiled"], 6)]]}],
-        "notes": ["CPU only: inductor's CPU code is not the GPU fast path (Triton kernels, flash attention); the "
-                  "ratio shows the compiled path runs and what it costs here, not the H100 speed-up. The trainer "
-                  "test (tests/test_train_compile.py) checks the same path under FSDP2 on 2 ranks for loss parity "
-                  "and recompiles."],
+        "tables": [
+            {
+                "columns": ["", "eager", "compiled"],
+                "rows": [
+                    [
+                        "first step (s)",
+                        round(res["first_step_s"]["eager"], 2),
+                        round(res["first_step_s"]["compiled"], 2),
+                    ],
+                    ["median step (s)", round(res["step_s"]["eager"], 4), round(res["step_s"]["compiled"], 4)],
+                    ["first-step loss", round(res["first_loss"]["eager"], 6), round(res["first_loss"]["compiled"], 6)],
+                ],
+            }
+        ],
+        "notes": [
+            "CPU only: inductor's CPU code is not the GPU fast path (Triton kernels, flash attention); the "
+            "ratio shows the compiled path runs and what it costs here, not the H100 speed-up. The trainer "
+            "test (tests/test_train_compile.py) checks the same path under FSDP2 on 2 ranks for loss parity "
+            "and recompiles."
+        ],
         "result": res,
     }
 

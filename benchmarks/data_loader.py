@@ -77,8 +77,15 @@ def write_sets(root: str, tokens: int, seed: int = 0) -> dict[str, list[str]]:
 def loader_tokens_per_s(fmt: str, paths: list[str], seq_len: int, micro_batch: int) -> dict:
     """One full epoch of the larger source (every shard read, verified and decoded once: no warm cache)."""
     cfg = DataConfig(kind=fmt, sources=[SourceConfig(paths[0], 3.0), SourceConfig(paths[1], 1.0)], prefetch=8)
-    loader = build_dataloader(cfg, seq_len=seq_len, micro_batch_size=micro_batch, global_batch_size=micro_batch,
-                              dp_rank=0, dp_world=1, vocab_size=VOCAB)
+    loader = build_dataloader(
+        cfg,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch,
+        global_batch_size=micro_batch,
+        dp_rank=0,
+        dp_world=1,
+        vocab_size=VOCAB,
+    )
     start, batches = time.perf_counter(), 0
     while loader.state_dict()["sources"]["web"]["epoch"] < 1:
         batch = next(loader)
@@ -86,8 +93,15 @@ def loader_tokens_per_s(fmt: str, paths: list[str], seq_len: int, micro_batch: i
     elapsed = time.perf_counter() - start
     loader.close()
     tokens = batches * batch["input_ids"].numel()
-    return {"format": fmt, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-            "batches": batches, "seq_len": seq_len, "micro_batch": micro_batch}
+    return {
+        "format": fmt,
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "batches": batches,
+        "seq_len": seq_len,
+        "micro_batch": micro_batch,
+    }
 
 
 def debug_model_tokens_per_s(seq_len: int = 256, batch: int = 4, steps: int = 3) -> float:
@@ -99,8 +113,9 @@ def debug_model_tokens_per_s(seq_len: int = 256, batch: int = 4, steps: int = 3)
 
     def step():
         out = model(x, return_logits="last")
-        loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]),
-                                                 x[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            out.logits[:, :-1].reshape(-1, out.logits.shape[-1]), x[:, 1:].reshape(-1)
+        )
         loss.backward()
 
     step()  # warmup
@@ -127,9 +142,15 @@ def run(tokens: int, seq_len: int, micro_batch: int, data_dir: str | None) -> di
         r["ratio_vs_ouro_1.4b_per_gpu"] = r["tokens_per_s"] / ouro
         r["ratio_vs_debug_tiny_cpu"] = r["tokens_per_s"] / debug
         r["meets_target"] = r["ratio_vs_ouro_1.4b_per_gpu"] >= TARGET_RATIO
-    return {"loader": results, "shard_write_seconds": write_s, "tokens_per_set": tokens,
-            "consumers": {"ouro-1.4b_per_h100_at_40pct_mfu_ESTIMATE": ouro, "debug-tiny_cpu_MEASURED": debug},
-            "target_ratio": TARGET_RATIO, "processes": 1, "cpu_count": os.cpu_count()}
+    return {
+        "loader": results,
+        "shard_write_seconds": write_s,
+        "tokens_per_set": tokens,
+        "consumers": {"ouro-1.4b_per_h100_at_40pct_mfu_ESTIMATE": ouro, "debug-tiny_cpu_MEASURED": debug},
+        "target_ratio": TARGET_RATIO,
+        "processes": 1,
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def print_table(report: dict) -> None:
@@ -139,8 +160,10 @@ def print_table(report: dict) -> None:
     print("-" * 78)
     for r in report["loader"]:
         flag = "ok" if r["meets_target"] else f"BELOW {TARGET_RATIO:.0f}x"
-        print(f"{'loader ' + r['format'] + ' (1 process)':<34} {r['tokens_per_s']:>12,.0f} "
-              f"{r['ratio_vs_ouro_1.4b_per_gpu']:>15.1f}x {r['ratio_vs_debug_tiny_cpu']:>12.1f}x  {flag}")
+        print(
+            f"{'loader ' + r['format'] + ' (1 process)':<34} {r['tokens_per_s']:>12,.0f} "
+            f"{r['ratio_vs_ouro_1.4b_per_gpu']:>15.1f}x {r['ratio_vs_debug_tiny_cpu']:>12.1f}x  {flag}"
+        )
     print(f"{'ouro-1.4b T=4 per H100 (est. 40%)':<34} {ouro:>12,.0f}")
     print(f"{'debug-tiny fwd+bwd on CPU (meas.)':<34} {debug:>12,.0f}")
 
@@ -178,24 +201,44 @@ def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024
     with tempfile.TemporaryDirectory(prefix="titanloop-locality-bench-") as tmp:
         root = data_dir or tmp
         paths = write_locality_sets(root, int(steps * global_batch * (seq_len + 1) * 1.15))
-        cfg = DataConfig(kind="mds", shuffle_block=8, sources=[SourceConfig(paths[0], 70.0),
-                                                               SourceConfig(paths[1], 30.0)])
+        cfg = DataConfig(
+            kind="mds", shuffle_block=8, sources=[SourceConfig(paths[0], 70.0), SourceConfig(paths[1], 30.0)]
+        )
         sources = open_shard_sources(cfg, seq_len=seq_len, vocab_size=VOCAB)
         results = []
         for world in LOCALITY_WORLDS:
             t0 = time.perf_counter()
-            r = read_amplification(cfg, seq_len=seq_len, global_batch_size=global_batch, world=world, steps=steps,
-                                   vocab_size=VOCAB, sources=sources)
+            r = read_amplification(
+                cfg,
+                seq_len=seq_len,
+                global_batch_size=global_batch,
+                world=world,
+                steps=steps,
+                vocab_size=VOCAB,
+                sources=sources,
+            )
             r["seconds"] = time.perf_counter() - t0
             results.append(r)
-            print(f"world {world:5d}: amplification {r['amplification']:.3f}, {r['requests']} requests, "
-                  f"max per rank {r['max_rank_bytes_fetched'] / 2**20:.1f} MiB", flush=True)
+            print(
+                f"world {world:5d}: amplification {r['amplification']:.3f}, {r['requests']} requests, "
+                f"max per rank {r['max_rank_bytes_fetched'] / 2**20:.1f} MiB",
+                flush=True,
+            )
     worst = max(r["amplification"] for r in results)
     shards = results[0]["shards"]
-    rows = [[r["world"], round(r["amplification"], 3), f"{r['bytes_fetched'] / 2**20:,.1f}",
-             f"{r['bytes_used'] / 2**20:,.1f}", r["requests"], f"{r['max_rank_bytes_fetched'] / 2**10:,.0f}",
-             int(r["consecutive_row_distance_tokens_median"]), int(r["distinct_shards_per_global_batch_mean"])]
-            for r in results]
+    rows = [
+        [
+            r["world"],
+            round(r["amplification"], 3),
+            f"{r['bytes_fetched'] / 2**20:,.1f}",
+            f"{r['bytes_used'] / 2**20:,.1f}",
+            r["requests"],
+            f"{r['max_rank_bytes_fetched'] / 2**10:,.0f}",
+            int(r["consecutive_row_distance_tokens_median"]),
+            int(r["distinct_shards_per_global_batch_mean"]),
+        ]
+        for r in results
+    ]
     return {
         "title": "Data locality: read amplification at 1 to 1024 ranks (`benchmarks/data_loader.py --locality`)",
         "order": 51,
@@ -203,17 +246,33 @@ def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024
         "date": time.strftime("%Y-%m-%d"),
         "commit": measured_commit("data_locality"),
         "machine": "2-core development VM, CPU only, other jobs running (bytes are exact; no timing is reported)",
-        "summary": [{"row": "data loader read amplification (bytes fetched by all ranks / bytes of rows used), "
-                            f"worst of {', '.join(map(str, LOCALITY_WORLDS))} simulated ranks",
-                     "measured": round(worst, 3), "target": "<= 1.1", "met": worst <= 1.1}],
-        "tables": [{
-            "title": f"70/30 MDS mixture, {results[0]['corpus_tokens'] / 1e6:.1f}M tokens in {shards} shards of "
-                     f"~400 KB (fewer shards than the 1024 lanes), seq {seq_len}, global batch {global_batch}, "
-                     f"shuffle_block 8, {steps} optimizer steps, every rank simulated in one process:",
-            "columns": ["ranks", "read amplification", "MiB fetched", "MiB used", "requests",
-                        "max KiB fetched by one rank", "median corpus distance between a rank's consecutive rows "
-                        "(tokens)", "distinct shards per global batch"],
-            "rows": rows}],
+        "summary": [
+            {
+                "row": "data loader read amplification (bytes fetched by all ranks / bytes of rows used), "
+                f"worst of {', '.join(map(str, LOCALITY_WORLDS))} simulated ranks",
+                "measured": round(worst, 3),
+                "target": "<= 1.1",
+                "met": worst <= 1.1,
+            }
+        ],
+        "tables": [
+            {
+                "title": f"70/30 MDS mixture, {results[0]['corpus_tokens'] / 1e6:.1f}M tokens in {shards} shards of "
+                f"~400 KB (fewer shards than the 1024 lanes), seq {seq_len}, global batch {global_batch}, "
+                f"shuffle_block 8, {steps} optimizer steps, every rank simulated in one process:",
+                "columns": [
+                    "ranks",
+                    "read amplification",
+                    "MiB fetched",
+                    "MiB used",
+                    "requests",
+                    "max KiB fetched by one rank",
+                    "median corpus distance between a rank's consecutive rows (tokens)",
+                    "distinct shards per global batch",
+                ],
+                "rows": rows,
+            }
+        ],
         "notes": [
             "Used bytes = rows x (seq_len + 1) tokens x the set's shard bytes per token (records with metadata); "
             "fetched = every byte range and index range a rank reads. Below 1.0 means the MDS header and the "
@@ -221,7 +280,8 @@ def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024
             "Before lanes (whole shards fetched, 4-shard cache, shuffle_block 256), issue 13 measured ~29x at 1-8 "
             "ranks, ~36x at 128 and ~50x at 1024 on a 432-shard MDS set of ~400 KB shards (not rerun here).",
             "At 1 rank the consecutive rows of one rank belong to different lanes (far apart); at 1024 ranks one "
-            "rank is about one lane, whose consecutive rows lie within one block (shuffle_block x seq_len tokens)."],
+            "rank is about one lane, whose consecutive rows lie within one block (shuffle_block x seq_len tokens).",
+        ],
         "result": {"runs": results},
     }
 

@@ -52,9 +52,15 @@ TARGET = 1.2  # issue 26: the masked step costs <= 1.2x the unmasked one
 
 
 def demo_batches(cfg, n: int) -> list[dict]:
-    loader = build_dataloader(cfg.data, seq_len=cfg.training.seq_len, micro_batch_size=cfg.training.micro_batch_size,
-                              global_batch_size=cfg.training.micro_batch_size, dp_rank=0, dp_world=1,
-                              vocab_size=cfg.looplm.vocab_size)
+    loader = build_dataloader(
+        cfg.data,
+        seq_len=cfg.training.seq_len,
+        micro_batch_size=cfg.training.micro_batch_size,
+        global_batch_size=cfg.training.micro_batch_size,
+        dp_rank=0,
+        dp_world=1,
+        vocab_size=cfg.looplm.vocab_size,
+    )
     return [next(loader) for _ in range(n)]
 
 
@@ -70,8 +76,9 @@ def make_step(cfg, backend: str | None, batches: list[dict], state: dict):
         batch = batches[state["i"] % len(batches)]
         doc_ids = batch["doc_ids"] if backend is not None else None
         out = model(batch["input_ids"], n_loops=n_loops, doc_ids=doc_ids)
-        loss, _ = loop_objective(cfg.objective, out.readouts, out.states, out.gate_logits, batch["labels"],
-                                 model.lm_head.weight)
+        loss, _ = loop_objective(
+            cfg.objective, out.readouts, out.states, out.gate_logits, batch["labels"], model.lm_head.weight
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
         opt.step()
@@ -98,6 +105,7 @@ def run(repeats: int = 15, warmup: int = 3) -> dict:
             fn()
             if last:
                 state["i"] += 1
+
         return wrapped
 
     order = list(steps)
@@ -107,19 +115,34 @@ def run(repeats: int = 15, warmup: int = 3) -> dict:
     ratios = {}
     for name in ("auto", "sdpa_per_doc", "varlen"):
         per_round = [t / u for t, u in zip(times[name]["times"], base)]
-        ratios[name] = {"min": min(per_round), "median": statistics.median(per_round), "max": max(per_round),
-                        "per_round": per_round}
-    return {"config": str(CONFIG.relative_to(ROOT)), "batch": b, "seq_len": s, "n_loops": cfg.loop_sampler.n_loops,
-            "mean_docs_per_row": statistics.mean(docs_per_row), "mask_elements": b * s * s,
-            "dense_mask_max_elements": attn.DENSE_MASK_MAX_ELEMENTS, "auto_kernel_on_cpu": auto_kernel,
-            "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(),
-            "first_step_loss": losses, "step_s": {k: {m: v[m] for m in ("median", "min", "max", "times")}
-                                                  for k, v in times.items()},
-            "ratio_to_no_mask": ratios, "large_batch_attention": large_batch_attention(repeats)}
+        ratios[name] = {
+            "min": min(per_round),
+            "median": statistics.median(per_round),
+            "max": max(per_round),
+            "per_round": per_round,
+        }
+    return {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "batch": b,
+        "seq_len": s,
+        "n_loops": cfg.loop_sampler.n_loops,
+        "mean_docs_per_row": statistics.mean(docs_per_row),
+        "mask_elements": b * s * s,
+        "dense_mask_max_elements": attn.DENSE_MASK_MAX_ELEMENTS,
+        "auto_kernel_on_cpu": auto_kernel,
+        "repeats": repeats,
+        "warmup": warmup,
+        "threads": torch.get_num_threads(),
+        "first_step_loss": losses,
+        "step_s": {k: {m: v[m] for m in ("median", "min", "max", "times")} for k, v in times.items()},
+        "ratio_to_no_mask": ratios,
+        "large_batch_attention": large_batch_attention(repeats),
+    }
 
 
-def large_batch_attention(repeats: int, b: int = 4, s: int = 1024, heads: int = 4, head_dim: int = 16,
-                          mean_doc: int = 128) -> dict:
+def large_batch_attention(
+    repeats: int, b: int = 4, s: int = 1024, heads: int = 4, head_dim: int = 16, mean_doc: int = 128
+) -> dict:
     """Attention forward + backward alone at B x S above the dense threshold, documents of random length
     1..2*mean_doc: milliseconds (median) of the dense mask, per-document SDPA and varlen's CPU kernel."""
     g = torch.Generator().manual_seed(0)
@@ -131,24 +154,34 @@ def large_batch_attention(repeats: int, b: int = 4, s: int = 1024, heads: int = 
         rows.append([i for i, n in enumerate(lengths) for _ in range(n)][:s])
     doc = torch.tensor(rows)
     q, k, v = (torch.randn(b, heads, s, head_dim, generator=g, requires_grad=True) for _ in range(3))
-    masks = {kernel: attn.document_mask(doc, "auto", torch.float32, kernel=kernel)
-             for kernel in ("dense", "sdpa_per_doc", "varlen")}
+    masks = {
+        kernel: attn.document_mask(doc, "auto", torch.float32, kernel=kernel)
+        for kernel in ("dense", "sdpa_per_doc", "varlen")
+    }
 
     def call(mask):
         return lambda: attn.attention(q, k, v, mask).sum().backward()
 
     times = time_repeated({kernel: call(m) for kernel, m in masks.items()}, warmup=1, repeats=repeats)
-    return {"batch": b, "seq_len": s, "heads": heads, "head_dim": head_dim,
-            "documents": len(attn.document_lengths(doc)), "mask_elements": b * s * s,
-            "ms": {k: v["median"] * 1e3 for k, v in times.items()},
-            "ms_min_max": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in times.items()}}
+    return {
+        "batch": b,
+        "seq_len": s,
+        "heads": heads,
+        "head_dim": head_dim,
+        "documents": len(attn.document_lengths(doc)),
+        "mask_elements": b * s * s,
+        "ms": {k: v["median"] * 1e3 for k, v in times.items()},
+        "ms_min_max": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in times.items()},
+    }
 
 
 def to_report(res: dict, command: str) -> dict:
     r_auto, r_doc = res["ratio_to_no_mask"]["auto"], res["ratio_to_no_mask"]["sdpa_per_doc"]
     r_var, big = res["ratio_to_no_mask"]["varlen"], res["large_batch_attention"]
-    shape = (f"demo model ({res['config']}), {res['batch']} x {res['seq_len']} tokens, "
-             f"{res['mean_docs_per_row']:.1f} documents/row, T = {res['n_loops']}")
+    shape = (
+        f"demo model ({res['config']}), {res['batch']} x {res['seq_len']} tokens, "
+        f"{res['mean_docs_per_row']:.1f} documents/row, T = {res['n_loops']}"
+    )
 
     def spread(r):
         return f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}"
@@ -161,31 +194,51 @@ def to_report(res: dict, command: str) -> dict:
         "date": datetime.date.today().isoformat(),
         "machine": "2-core development VM shared with other jobs, CPU only, one thread; times are one process's",
         "summary": [
-            {"row": f"CPU step with document masking (auto: {res['auto_kernel_on_cpu']}) / without a mask, {shape}",
-             "measured": round(r_auto["median"], 3), "target": f"<= {TARGET}", "met": r_auto["median"] <= TARGET},
-            {"row": "the same with one SDPA call per document (sdpa_per_doc, the CPU default before)",
-             "measured": round(r_doc["median"], 3), "target": None, "met": None},
+            {
+                "row": f"CPU step with document masking (auto: {res['auto_kernel_on_cpu']}) / without a mask, {shape}",
+                "measured": round(r_auto["median"], 3),
+                "target": f"<= {TARGET}",
+                "met": r_auto["median"] <= TARGET,
+            },
+            {
+                "row": "the same with one SDPA call per document (sdpa_per_doc, the CPU default before)",
+                "measured": round(r_doc["median"], 3),
+                "target": None,
+                "met": None,
+            },
         ],
-        "tables": [{"title": f"Step time over {res['repeats']} alternated rounds (after {res['warmup']} warm-up "
-                             "steps each); ratios per round to the no-mask step of the same round",
-                    "columns": ["candidate", "median step (ms)", "ratio to no mask: min / median / max"],
-                    "rows": [["no mask", round(ms["no mask"], 1), "1"],
-                             [f"auto ({res['auto_kernel_on_cpu']})", round(ms["auto"], 1), spread(r_auto)],
-                             ["sdpa_per_doc", round(ms["sdpa_per_doc"], 1), spread(r_doc)],
-                             ["varlen (CPU reference kernel)", round(ms["varlen"], 1), spread(r_var)]]},
-                   {"title": f"Attention alone (forward + backward), {big['batch']} x {big['seq_len']} tokens, "
-                             f"{big['documents']} documents, {big['heads']} heads x {big['head_dim']}: "
-                             f"{big['mask_elements']:,} mask elements, above the dense threshold",
-                    "columns": ["kernel", "median (ms)", "min - max (ms)"],
-                    "rows": [[k, round(v, 1), f"{big['ms_min_max'][k][0]:.1f} - {big['ms_min_max'][k][1]:.1f}"]
-                             for k, v in big["ms"].items()]}],
-        "notes": [f"The CPU `auto` kernel is the dense mask up to B*S*S = {res['dense_mask_max_elements']:,} "
-                  f"elements (this batch: {res['mask_elements']:,}); why that threshold: "
-                  "`DENSE_MASK_MAX_ELEMENTS` in titanloop/model/attention.py. A step is forward, Stage I "
-                  "objective, backward, clipping and AdamW, as the trainer runs it per micro-batch.",
-                  "varlen on CPU runs the same per-document CPU flash kernel as sdpa_per_doc inside a custom op, "
-                  "so it is not the eager CPU default; it is what layers compiled with fullgraph=True use above "
-                  "the threshold (per-document SDPA cannot be traced)."],
+        "tables": [
+            {
+                "title": f"Step time over {res['repeats']} alternated rounds (after {res['warmup']} warm-up "
+                "steps each); ratios per round to the no-mask step of the same round",
+                "columns": ["candidate", "median step (ms)", "ratio to no mask: min / median / max"],
+                "rows": [
+                    ["no mask", round(ms["no mask"], 1), "1"],
+                    [f"auto ({res['auto_kernel_on_cpu']})", round(ms["auto"], 1), spread(r_auto)],
+                    ["sdpa_per_doc", round(ms["sdpa_per_doc"], 1), spread(r_doc)],
+                    ["varlen (CPU reference kernel)", round(ms["varlen"], 1), spread(r_var)],
+                ],
+            },
+            {
+                "title": f"Attention alone (forward + backward), {big['batch']} x {big['seq_len']} tokens, "
+                f"{big['documents']} documents, {big['heads']} heads x {big['head_dim']}: "
+                f"{big['mask_elements']:,} mask elements, above the dense threshold",
+                "columns": ["kernel", "median (ms)", "min - max (ms)"],
+                "rows": [
+                    [k, round(v, 1), f"{big['ms_min_max'][k][0]:.1f} - {big['ms_min_max'][k][1]:.1f}"]
+                    for k, v in big["ms"].items()
+                ],
+            },
+        ],
+        "notes": [
+            f"The CPU `auto` kernel is the dense mask up to B*S*S = {res['dense_mask_max_elements']:,} "
+            f"elements (this batch: {res['mask_elements']:,}); why that threshold: "
+            "`DENSE_MASK_MAX_ELEMENTS` in titanloop/model/attention.py. A step is forward, Stage I "
+            "objective, backward, clipping and AdamW, as the trainer runs it per micro-batch.",
+            "varlen on CPU runs the same per-document CPU flash kernel as sdpa_per_doc inside a custom op, "
+            "so it is not the eager CPU default; it is what layers compiled with fullgraph=True use above "
+            "the threshold (per-document SDPA cannot be traced).",
+        ],
         "result": res,
     }
 

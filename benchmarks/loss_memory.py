@@ -31,8 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import MiB, PeakMemory, time_repeated  # noqa: E402
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
-from titanloop.objectives import (dense_cross_entropy, final_loop_loss, fused_per_loop_cross_entropy,  # noqa: E402
-                                  linear_cross_entropy, per_loop_cross_entropy, stage1_loss)
+from titanloop.objectives import (
+    dense_cross_entropy,
+    final_loop_loss,
+    fused_per_loop_cross_entropy,  # noqa: E402
+    linear_cross_entropy,
+    per_loop_cross_entropy,
+    stage1_loss,
+)
 from titanloop.objectives.losses import stage1_linear_terms, token_weights  # noqa: E402
 
 VARIANTS = ("final_only", "final_only_dense", "per_loop", "per_loop_naive", "final_only_fused", "per_loop_fused")
@@ -59,12 +65,29 @@ def loss_fn(variant: str, model: LoopLM, inputs, targets, mask, n_loops: int, ch
     return stage1_loss(ce, out.gate_logits, mask, beta)[0]
 
 
-def run(vocab=32768, hidden=256, heads=4, layers=2, loops=4, batch=2, seq_len=256, chunk_size=4096, beta=0.1,
-        repeats=0, seed=0) -> dict:
+def run(
+    vocab=32768,
+    hidden=256,
+    heads=4,
+    layers=2,
+    loops=4,
+    batch=2,
+    seq_len=256,
+    chunk_size=4096,
+    beta=0.1,
+    repeats=0,
+    seed=0,
+) -> dict:
     torch.manual_seed(seed)
-    cfg = LoopLMConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads,
-                       ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
-                       n_layers=layers, n_loops=loops, max_seq_len=seq_len)
+    cfg = LoopLMConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        n_heads=heads,
+        ffn_hidden_size=int(hidden * 8 / 3) // 8 * 8,
+        n_layers=layers,
+        n_loops=loops,
+        max_seq_len=seq_len,
+    )
     model = LoopLM(cfg)
     ids = torch.randint(0, vocab, (batch, seq_len + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
@@ -74,6 +97,7 @@ def run(vocab=32768, hidden=256, heads=4, layers=2, loops=4, batch=2, seq_len=25
         def fn():
             model.zero_grad(set_to_none=True)
             loss_fn(variant, model, inputs, targets, mask, loops, chunk_size, beta).backward()
+
         return fn
 
     rows, losses = [], {}
@@ -85,9 +109,15 @@ def run(vocab=32768, hidden=256, heads=4, layers=2, loops=4, batch=2, seq_len=25
             loss.backward()
         losses[variant] = loss.item()
         kinds = mem.peak_by_kind
-        rows.append({"variant": variant, "peak_bytes": mem.peak_bytes,
-                     "peak_step_bytes": mem.peak_bytes - kinds.get("Parameter", 0),
-                     "peak_by_kind": kinds, "loss": loss.item()})
+        rows.append(
+            {
+                "variant": variant,
+                "peak_bytes": mem.peak_bytes,
+                "peak_step_bytes": mem.peak_bytes - kinds.get("Parameter", 0),
+                "peak_by_kind": kinds,
+                "loss": loss.item(),
+            }
+        )
     if repeats:
         timings = time_repeated({v: step(v) for v in VARIANTS}, warmup=1, repeats=repeats)
         for row in rows:
@@ -115,22 +145,41 @@ def run(vocab=32768, hidden=256, heads=4, layers=2, loops=4, batch=2, seq_len=25
 
     def matches_naive(variant):  # the Stage I variants compute the same loss; a mismatch means a bug is measured
         return abs(losses[variant] - losses["per_loop_naive"]) < 1e-4 * abs(losses["per_loop_naive"]) + 1e-5
-    return {"benchmark": "loss_memory", "torch": torch.__version__, "device": "cpu",
-            "config": {"vocab": vocab, "hidden": hidden, "heads": heads, "layers": layers, "loops": loops,
-                       "batch": batch, "seq_len": seq_len, "tokens": batch * seq_len, "chunk_size": chunk_size,
-                       "beta": beta, "params": model.num_params()},
-            "rows": rows, "ratios": ratios, "target": TARGET,
-            "meets_target": ratios["per_loop/final_only"] <= TARGET,
-            "fused_meets_target": ratios["per_loop_fused/final_only_fused"] <= TARGET,
-            "per_loop_matches_naive": matches_naive("per_loop"),
-            "per_loop_fused_matches_naive": matches_naive("per_loop_fused")}
+
+    return {
+        "benchmark": "loss_memory",
+        "torch": torch.__version__,
+        "device": "cpu",
+        "config": {
+            "vocab": vocab,
+            "hidden": hidden,
+            "heads": heads,
+            "layers": layers,
+            "loops": loops,
+            "batch": batch,
+            "seq_len": seq_len,
+            "tokens": batch * seq_len,
+            "chunk_size": chunk_size,
+            "beta": beta,
+            "params": model.num_params(),
+        },
+        "rows": rows,
+        "ratios": ratios,
+        "target": TARGET,
+        "meets_target": ratios["per_loop/final_only"] <= TARGET,
+        "fused_meets_target": ratios["per_loop_fused/final_only_fused"] <= TARGET,
+        "per_loop_matches_naive": matches_naive("per_loop"),
+        "per_loop_fused_matches_naive": matches_naive("per_loop_fused"),
+    }
 
 
 def print_table(res: dict) -> None:
     c = res["config"]
-    print(f"Loss memory, one fwd+bwd step: LoopLM {c['layers']} layers x T={c['loops']}, hidden {c['hidden']}, "
-          f"vocab {c['vocab']}, {c['batch']}x{c['seq_len']} tokens, CE chunk {c['chunk_size']} tokens, "
-          f"{c['params'] / 1e6:.1f}M params")
+    print(
+        f"Loss memory, one fwd+bwd step: LoopLM {c['layers']} layers x T={c['loops']}, hidden {c['hidden']}, "
+        f"vocab {c['vocab']}, {c['batch']}x{c['seq_len']} tokens, CE chunk {c['chunk_size']} tokens, "
+        f"{c['params'] / 1e6:.1f}M params"
+    )
     timed = "step_s_median" in res["rows"][0]
     print(f"{'variant':<18} {'peak MiB':>9} {'w/o params':>11}" + (f" {'step s':>8}" if timed else ""))
     for r in res["rows"]:
@@ -139,17 +188,22 @@ def print_table(res: dict) -> None:
     for name, value in res["ratios"].items():
         print(f"  {name:<32} {value:6.3f}x")
     verdict = "meets" if res["meets_target"] else "MISSES"
-    print(f"per_loop/final_only = {res['ratios']['per_loop/final_only']:.3f}x: {verdict} the target "
-          f"<= {res['target']}x;"
-          f" Stage I chunked == naive: {res['per_loop_matches_naive']}")
+    print(
+        f"per_loop/final_only = {res['ratios']['per_loop/final_only']:.3f}x: {verdict} the target "
+        f"<= {res['target']}x;"
+        f" Stage I chunked == naive: {res['per_loop_matches_naive']}"
+    )
     verdict = "meets" if res["fused_meets_target"] else "MISSES"
-    print(f"fused: per_loop_fused/final_only_fused = {res['ratios']['per_loop_fused/final_only_fused']:.3f}x: "
-          f"{verdict} the target <= {res['target']}x; Stage I fused == naive: {res['per_loop_fused_matches_naive']}")
+    print(
+        f"fused: per_loop_fused/final_only_fused = {res['ratios']['per_loop_fused/final_only_fused']:.3f}x: "
+        f"{verdict} the target <= {res['target']}x; Stage I fused == naive: {res['per_loop_fused_matches_naive']}"
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--vocab", type=int, default=32768, help="vocabulary size (the issue asks for >= 32K)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)

@@ -35,8 +35,11 @@ from titanloop.train.memory_plan import GB, plan_memory  # noqa: E402
 
 SHAPES = [("ouro-1.4b", 24), ("ouro-2.6b", 48)]
 # rows that are sums over layers (linear in depth); the rest of the peak is activations + temporaries
-LINEAR = {"parameters": ["parameters (sharded)", "parameters (gathered)"],
-          "gradients": ["gradients (sharded)", "gradients (gathered)"], "optimizer": ["optimizer"]}
+LINEAR = {
+    "parameters": ["parameters (sharded)", "parameters (gathered)"],
+    "gradients": ["gradients (sharded)", "gradients (gathered)"],
+    "optimizer": ["optimizer"],
+}
 ROWS = [*LINEAR, "activations + temporaries"]
 
 
@@ -68,36 +71,61 @@ SHAPE_COLUMNS = ["model", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak", "fi
 
 
 def shape_row(preset: str, n_loops: int, seq: int, ac: str, r: dict, how: str) -> list:
-    return ([preset, n_loops, seq, ac, 1] + [f"{r[k] / GB:.1f}" for k in ROWS] +
-            [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no", how])
+    return (
+        [preset, n_loops, seq, ac, 1]
+        + [f"{r[k] / GB:.1f}" for k in ROWS]
+        + [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no", how]
+    )
 
 
 def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) -> list[str]:
-    return ["--model.preset", preset, "--loop_sampler.n_loops", str(n_loops),
-            "--training.seq_len", str(seq), "--training.micro_batch_size", str(micro),
-            "--training.global_batch_size", str(8 * micro * 2), "--parallelism.activation_checkpoint", ac,
-            "--training.dtype", "bfloat16"]
+    return [
+        "--model.preset",
+        preset,
+        "--loop_sampler.n_loops",
+        str(n_loops),
+        "--training.seq_len",
+        str(seq),
+        "--training.micro_batch_size",
+        str(micro),
+        "--training.global_batch_size",
+        str(8 * micro * 2),
+        "--parallelism.activation_checkpoint",
+        ac,
+        "--training.dtype",
+        "bfloat16",
+    ]
 
 
 def write(args, rows, stage_rows, notes) -> None:
     result = {
         "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
         "order": 60,
-        "command": "python benchmarks/memory_plan.py" + (" --quick" if args.quick else "") +
-                   (" --direct-shapes" if args.direct_shapes or args.merge_from else ""),
+        "command": "python benchmarks/memory_plan.py"
+        + (" --quick" if args.quick else "")
+        + (" --direct-shapes" if args.direct_shapes or args.merge_from else ""),
         "date": datetime.date.today().isoformat(),
         "commit": measured_commit("memory_plan"),
         "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
         "summary": [],
         "tables": [
-            {"title": "Every slurm/*.sh stage config at its sbatch size, its own micro-batch, GB per GPU at the "
-                      "step's peak (fits: peak + 4 GB reserve <= 80 GB):",
-             "columns": ["script", "GPUs", "mesh", "T", "seq", "AC", "micro-batch"] + ROWS + ["peak GB", "fits 80 GB"],
-             "rows": stage_rows},
-            {"title": "Ouro shapes at world size 8 (dp_shard 8), micro-batch 1, bf16 parameters, fp32 master weights "
-                      "and AdamW state, reshard_looped = never, fused attention; GB per GPU at the step's peak:",
-             "columns": SHAPE_COLUMNS, "rows": rows}],
-        "notes": notes + [
+            {
+                "title": "Every slurm/*.sh stage config at its sbatch size, its own micro-batch, GB per GPU at the "
+                "step's peak (fits: peak + 4 GB reserve <= 80 GB):",
+                "columns": ["script", "GPUs", "mesh", "T", "seq", "AC", "micro-batch"]
+                + ROWS
+                + ["peak GB", "fits 80 GB"],
+                "rows": stage_rows,
+            },
+            {
+                "title": "Ouro shapes at world size 8 (dp_shard 8), micro-batch 1, bf16 parameters, fp32 master "
+                "weights and AdamW state, reshard_looped = never, fused attention; GB per GPU at the step's peak:",
+                "columns": SHAPE_COLUMNS,
+                "rows": rows,
+            },
+        ],
+        "notes": notes
+        + [
             "Measured by the code of `python -m titanloop.train --config C --dry-run --world-size N --memory-plan` "
             "(titanloop.train.memory_plan): the stage configs directly at their full depth and world size; each "
             "shape row's `measured` column says whether it was measured directly at 24 / 48 layers "
@@ -108,7 +136,8 @@ def write(args, rows, stage_rows, notes) -> None:
             "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_memory_plan.py (+-10%, "
             "bf16 + fp32 reduce, per-loop AC, document masking).",
             "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
-            "(planned eager); document masking (planned as causal attention, same memory with flash varlen)."],
+            "(planned eager); document masking (planned as causal attention, same memory with flash varlen).",
+        ],
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
@@ -118,23 +147,40 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="only 4K rows and the 1.4B stage configs")
     ap.add_argument("--check-depth", action="store_true")
     ap.add_argument("--rows-from", help="a log of an earlier run: its printed shape rows are reused")
-    ap.add_argument("--keep-existing", action="store_true", help="keep the rows already in --out; measure only the "
-                    "missing ones (e.g. stage configs added since)")
-    ap.add_argument("--direct-shapes", action="store_true", help="measure the shape table at full depth (24 / 48 "
-                    "layers) instead of extrapolating; about an hour on 2 cores")
+    ap.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="keep the rows already in --out; measure only the missing ones (e.g. stage configs added since)",
+    )
+    ap.add_argument(
+        "--direct-shapes",
+        action="store_true",
+        help="measure the shape table at full depth (24 / 48 "
+        "layers) instead of extrapolating; about an hour on 2 cores",
+    )
     ap.add_argument("--shape-presets", help="with --direct-shapes: only these presets, e.g. ouro-2.6b")
-    ap.add_argument("--merge-from", nargs="*", help="take the direct shape rows of these result files (other runs "
-                    "of this benchmark, e.g. one per preset in parallel)")
-    ap.add_argument("--remeasure-stages", action="store_true", help="with --keep-existing: keep the shape rows, "
-                    "measure every stage config again")
+    ap.add_argument(
+        "--merge-from",
+        nargs="*",
+        help="take the direct shape rows of these result files (other runs "
+        "of this benchmark, e.g. one per preset in parallel)",
+    )
+    ap.add_argument(
+        "--remeasure-stages",
+        action="store_true",
+        help="with --keep-existing: keep the shape rows, measure every stage config again",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
     args = ap.parse_args(argv)
     rows, stage_rows, notes = [], [], []
     if args.rows_from:
         import ast
 
-        rows = [ast.literal_eval(line) for line in Path(args.rows_from).read_text().splitlines()
-                if line.startswith("['ouro-")]
+        rows = [
+            ast.literal_eval(line)
+            for line in Path(args.rows_from).read_text().splitlines()
+            if line.startswith("['ouro-")
+        ]
     if args.keep_existing and Path(args.out).exists():  # rows of an earlier run of this benchmark are kept
         earlier = json.loads(Path(args.out).read_text())["tables"]
         stage_rows, rows = ([] if args.remeasure_stages else earlier[0]["rows"]), earlier[1]["rows"]
@@ -145,10 +191,19 @@ def main(argv=None) -> int:
             continue  # the plan measures the FSDP2 step (with TP where configured; not DeepSpeed ZeRO)
         r = grouped(plan_at(str(REPO / config), list(overrides), world, cfg.looplm.n_layers))  # full depth, direct
         t = cfg.training
-        stage_rows.append([name, world, f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
-                           cfg.loop_sampler.n_loops, t.seq_len, cfg.parallelism.activation_checkpoint,
-                           t.micro_batch_size] + [f"{r[k] / GB:.1f}" for k in ROWS] +
-                          [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"])
+        stage_rows.append(
+            [
+                name,
+                world,
+                f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
+                cfg.loop_sampler.n_loops,
+                t.seq_len,
+                cfg.parallelism.activation_checkpoint,
+                t.micro_batch_size,
+            ]
+            + [f"{r[k] / GB:.1f}" for k in ROWS]
+            + [f"{r['peak'] / GB:.1f}", "yes" if r["peak"] / GB + 4 <= 80 else "no"]
+        )
         print(stage_rows[-1], flush=True)
         write(args, rows, stage_rows, notes)
     rows = [r if len(r) == len(SHAPE_COLUMNS) else r + [EXTRAPOLATED] for r in rows]  # rows of earlier runs
@@ -161,7 +216,7 @@ def main(argv=None) -> int:
             if args.shape_presets and preset not in args.shape_presets.split(","):
                 continue
             for n_loops in (4, 8):
-                for seq in ((4096,) if args.quick else (4096, 16384)):
+                for seq in (4096,) if args.quick else (4096, 16384):
                     for ac in ("none", "loop"):
                         key = [preset, n_loops, seq, ac]
                         if any(r[:4] == key and r[-1] == DIRECT for r in rows):
@@ -174,7 +229,7 @@ def main(argv=None) -> int:
     done = {tuple(r[1:4]) for r in rows}
     # 1.4B and 2.6B share the layer shape (2.6B = 48 of the 24 layers of 1.4B): one measurement pair serves both
     for n_loops in (4, 8):
-        for seq in ((4096,) if args.quick else (4096, 16384)):
+        for seq in (4096,) if args.quick else (4096, 16384):
             for ac in ("none", "loop"):
                 if (n_loops, seq, ac) in done:
                     continue
@@ -188,9 +243,11 @@ def main(argv=None) -> int:
         over = shape_overrides("ouro-1.4b", 4, 4096, "loop", 1)
         direct = plan_at(None, over, 8, 4)["peak"]
         extra = extrapolated(measured(None, over, 8), 4)["peak"]
-        notes.append(f"Depth extrapolation check (1.4B shape, T=4, 4K, AC loop, 4 layers): measured "
-                     f"{direct / GB:.2f} GB, extrapolated from 1 and 2 layers {extra / GB:.2f} GB "
-                     f"({(extra - direct) / direct:+.1%}).")
+        notes.append(
+            f"Depth extrapolation check (1.4B shape, T=4, 4K, AC loop, 4 layers): measured "
+            f"{direct / GB:.2f} GB, extrapolated from 1 and 2 layers {extra / GB:.2f} GB "
+            f"({(extra - direct) / direct:+.1%})."
+        )
     rows.sort(key=lambda r: (r[0], r[1], r[2], r[3]))
     write(args, rows, stage_rows, notes)
     print(f"wrote {args.out}")

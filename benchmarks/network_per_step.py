@@ -37,11 +37,28 @@ LINK = 400e9 / 8  # bytes/s per GPU
 
 
 def count(world: int, layers: int, n_loops: int, micro_batches: int) -> dict:
-    cfg = load_config(None, ["--model.preset", "ouro-1.4b", "--model.n_layers", str(layers), "--loop_sampler.n_loops",
-                             str(n_loops), "--training.seq_len", "4096",
-                             "--training.micro_batch_size", "1", "--training.global_batch_size",
-                             str(world * micro_batches), "--training.doc_masking", "false",
-                             "--parallelism.activation_checkpoint", "loop"], world_size=world)
+    cfg = load_config(
+        None,
+        [
+            "--model.preset",
+            "ouro-1.4b",
+            "--model.n_layers",
+            str(layers),
+            "--loop_sampler.n_loops",
+            str(n_loops),
+            "--training.seq_len",
+            "4096",
+            "--training.micro_batch_size",
+            "1",
+            "--training.global_batch_size",
+            str(world * micro_batches),
+            "--training.doc_masking",
+            "false",
+            "--parallelism.activation_checkpoint",
+            "loop",
+        ],
+        world_size=world,
+    )
     with fake_mesh(cfg, world) as mesh:
         c: Counter = Counter()
         measure_step(cfg, mesh, torch.bfloat16, micro_batches=micro_batches, comm_bytes=c)
@@ -52,10 +69,16 @@ def count(world: int, layers: int, n_loops: int, micro_batches: int) -> dict:
 
 def main() -> int:
     base = count(4, 1, 4, 1)
-    runs = {"base (4 ranks, 1 layer, T=4, 1 micro-batch)": base, "2 ranks": count(2, 1, 4, 1),
-            "2 layers": count(4, 2, 4, 1), "T=8": count(4, 1, 8, 1), "2 micro-batches": count(4, 1, 4, 2),
-            "3 micro-batches": count(4, 1, 4, 3), "T=1, 2 micro-batches": count(4, 1, 1, 2),
-            "2 layers, 2 micro-batches": count(4, 2, 4, 2)}
+    runs = {
+        "base (4 ranks, 1 layer, T=4, 1 micro-batch)": base,
+        "2 ranks": count(2, 1, 4, 1),
+        "2 layers": count(4, 2, 4, 1),
+        "T=8": count(4, 1, 8, 1),
+        "2 micro-batches": count(4, 1, 4, 2),
+        "3 micro-batches": count(4, 1, 4, 3),
+        "T=1, 2 micro-batches": count(4, 1, 1, 2),
+        "2 layers, 2 micro-batches": count(4, 2, 4, 2),
+    }
     keys = ("all_gather", "reduce_scatter")
     per_layer = {k: runs["2 layers"][k] - base[k] for k in keys}
     # Gradient accumulation (>= 2 micro-batches) with T >= 2: FSDP2 reduce-scatters each looped layer's gradient
@@ -64,13 +87,18 @@ def main() -> int:
     accum_extra = {k: runs["2 micro-batches"][k] - base[k] for k in keys}
     # FSDP2 pads each shard to a whole number of rows per rank: the buffers differ by that padding across N
     predicted = {k: base[k] + per_layer[k] + 2 * accum_extra[k] for k in keys}  # the stage-row formula below
-    checks = {"independent of the world size (2 vs 4 ranks, within 0.1%: shard padding)":
-              all(abs(runs["2 ranks"][k] - base[k]) <= 1e-3 * base[k] for k in keys),
-              "independent of T (4 vs 8 loops)": all(runs["T=8"][k] == base[k] for k in keys),
-              "independent of the number of micro-batches >= 2 (2 vs 3)":
-              all(runs["3 micro-batches"][k] == runs["2 micro-batches"][k] for k in keys),
-              "of 2 layers x 2 micro-batches as extrapolated (fixed + per layer + surcharge per looped layer)":
-              all(runs["2 layers, 2 micro-batches"][k] == predicted[k] for k in keys)}
+    checks = {
+        "independent of the world size (2 vs 4 ranks, within 0.1%: shard padding)": all(
+            abs(runs["2 ranks"][k] - base[k]) <= 1e-3 * base[k] for k in keys
+        ),
+        "independent of T (4 vs 8 loops)": all(runs["T=8"][k] == base[k] for k in keys),
+        "independent of the number of micro-batches >= 2 (2 vs 3)": all(
+            runs["3 micro-batches"][k] == runs["2 micro-batches"][k] for k in keys
+        ),
+        "of 2 layers x 2 micro-batches as extrapolated (fixed + per layer + surcharge per looped layer)": all(
+            runs["2 layers, 2 micro-batches"][k] == predicted[k] for k in keys
+        ),
+    }
     rows = []
     for name, config, world, overrides in slurm_stages(REPO, retrofit=False):
         cfg = load_config(REPO / config, overrides, world_size=world)
@@ -83,8 +111,19 @@ def main() -> int:
         if cfg.objective.name == "stage2_gate":
             continue  # frozen LM: only the gate's gradients are reduced
         sent = sum(buf.values()) * (world - 1) / world
-        rows.append([name, world, layers, cfg.loop_sampler.n_loops, accum, f"{buf['all_gather'] / 1e9:.2f}",
-                     f"{buf['reduce_scatter'] / 1e9:.2f}", f"{sent / 1e9:.2f}", f"{sent / LINK:.2f}"])
+        rows.append(
+            [
+                name,
+                world,
+                layers,
+                cfg.loop_sampler.n_loops,
+                accum,
+                f"{buf['all_gather'] / 1e9:.2f}",
+                f"{buf['reduce_scatter'] / 1e9:.2f}",
+                f"{sent / 1e9:.2f}",
+                f"{sent / LINK:.2f}",
+            ]
+        )
         print(rows[-1], flush=True)
     result = {
         "title": "Network bytes per step per GPU, FSDP stages (`benchmarks/network_per_step.py`)",
@@ -93,34 +132,53 @@ def main() -> int:
         "date": datetime.date.today().isoformat(),
         "commit": measured_commit("network_per_step"),
         "machine": "2-core development VM: fake tensors on the fake backend, nothing sent",
-        "summary": [{"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
-                    for name, ok in checks.items()],
+        "summary": [
+            {"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
+            for name, ok in checks.items()
+        ],
         "tables": [
-            {"title": "Measured buffer bytes per step (all-gather output, reduce-scatter input), Ouro-1.4B layer "
-                      "shape:",
-             "columns": ["run", "all-gather bytes", "reduce-scatter bytes"],
-             "rows": [[name, r["all_gather"], r["reduce_scatter"]] for name, r in runs.items()]},
-            {"title": "Extrapolated to the FSDP-only stage configs at their sbatch size (end of the batch ramp); "
-                      "GB per GPU per step, floor = bytes sent / 400 Gb/s:",
-             "columns": ["script", "GPUs", "layers", "T", "micro-batches", "all-gather GB", "reduce-scatter GB",
-                         "sent per GPU GB", "floor s/step"], "rows": rows}],
-        "notes": ["With reshard_looped = never each parameter is all-gathered once per optimizer step (bf16; the "
-                  "looped layers stay gathered across micro-batches) and its gradient reduce-scattered once per step "
-                  "(fp32): the count does not depend on T.",
-                  "Exception, measured here and not fixed: with gradient accumulation (>= 2 micro-batches) and T >= 2, "
-                  "FSDP2 reduce-scatters each looped layer's gradient twice in the last backward (rows '2 micro-"
-                  "batches' and '3 micro-batches' vs 'T=1, 2 micro-batches'): one extra reduce-scatter of the looped "
-                  "layers per step, whatever the number of micro-batches. The sum is the same gradient (the 8-rank "
-                  "parity test, tests/test_parallel_8rank.py, accumulates 2 micro-batches per rank); the stage rows "
-                  "include the surcharge.",
-                  "The counter is checked against a hand count (tests/test_mixed_precision.py: debug model, 2 ranks, "
-                  "2 layers: all-gather 2 B and reduce-scatter 4 B per padded parameter element, exactly). Until "
-                  "2026-11-25 it counted FSDP2's all-gather twice (its all_gather_single wrapper and the c10d op "
-                  "the dispatcher also sees), so earlier all-gather figures were 2x high; the reduce-scatter "
-                  "figures were right (the 'open question' of 2026-11-24: reduce-scatter equal to the bf16 "
-                  "all-gather was the all-gather doubled).",
-                  "Not covered: tensor-parallel stages (stage2/3/4 move activations inside a node over NVLink), "
-                  "the loss all-reduce (a few hundred bytes), overlap of communication with compute."],
+            {
+                "title": "Measured buffer bytes per step (all-gather output, reduce-scatter input), Ouro-1.4B layer "
+                "shape:",
+                "columns": ["run", "all-gather bytes", "reduce-scatter bytes"],
+                "rows": [[name, r["all_gather"], r["reduce_scatter"]] for name, r in runs.items()],
+            },
+            {
+                "title": "Extrapolated to the FSDP-only stage configs at their sbatch size (end of the batch ramp); "
+                "GB per GPU per step, floor = bytes sent / 400 Gb/s:",
+                "columns": [
+                    "script",
+                    "GPUs",
+                    "layers",
+                    "T",
+                    "micro-batches",
+                    "all-gather GB",
+                    "reduce-scatter GB",
+                    "sent per GPU GB",
+                    "floor s/step",
+                ],
+                "rows": rows,
+            },
+        ],
+        "notes": [
+            "With reshard_looped = never each parameter is all-gathered once per optimizer step (bf16; the "
+            "looped layers stay gathered across micro-batches) and its gradient reduce-scattered once per step "
+            "(fp32): the count does not depend on T.",
+            "Exception, measured here and not fixed: with gradient accumulation (>= 2 micro-batches) and T >= 2, "
+            "FSDP2 reduce-scatters each looped layer's gradient twice in the last backward (rows '2 micro-"
+            "batches' and '3 micro-batches' vs 'T=1, 2 micro-batches'): one extra reduce-scatter of the looped "
+            "layers per step, whatever the number of micro-batches. The sum is the same gradient (the 8-rank "
+            "parity test, tests/test_parallel_8rank.py, accumulates 2 micro-batches per rank); the stage rows "
+            "include the surcharge.",
+            "The counter is checked against a hand count (tests/test_mixed_precision.py: debug model, 2 ranks, "
+            "2 layers: all-gather 2 B and reduce-scatter 4 B per padded parameter element, exactly). Until "
+            "2026-11-25 it counted FSDP2's all-gather twice (its all_gather_single wrapper and the c10d op "
+            "the dispatcher also sees), so earlier all-gather figures were 2x high; the reduce-scatter "
+            "figures were right (the 'open question' of 2026-11-24: reduce-scatter equal to the bf16 "
+            "all-gather was the all-gather doubled).",
+            "Not covered: tensor-parallel stages (stage2/3/4 move activations inside a node over NVLink), "
+            "the loss all-reduce (a few hundred bytes), overlap of communication with compute.",
+        ],
     }
     (REPO / "benchmarks/results/network_per_step.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

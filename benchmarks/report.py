@@ -78,8 +78,13 @@ _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 _MODEL = ["titanloop/model/"]
 _TRAINER = ["titanloop/", "train_configs/"]  # benchmarks that launch `torchrun -m titanloop.train`
 MEASURES: dict[str, list[str]] = {
-    "activation_checkpointing": ["benchmarks/activation_checkpointing.py", "benchmarks/common.py", *_MODEL,
-                                 "titanloop/objectives/", "titanloop/parallel/activation_checkpoint.py"],
+    "activation_checkpointing": [
+        "benchmarks/activation_checkpointing.py",
+        "benchmarks/common.py",
+        *_MODEL,
+        "titanloop/objectives/",
+        "titanloop/parallel/activation_checkpoint.py",
+    ],
     "checkpoint": ["benchmarks/checkpoint.py", "titanloop/checkpoint/", *_MODEL],
     "checkpoint_verify": ["benchmarks/checkpoint_verify.py", *_TRAINER],
     "communication": ["benchmarks/communication.py", "benchmarks/common.py", *_TRAINER],
@@ -106,8 +111,9 @@ def staleness(name: str, data: dict, repo: Path = ROOT, measures: dict | None = 
         return True, f"no code paths listed for {name!r} in benchmarks/report.py MEASURES"
     if not isinstance(commit, str) or not commit:
         return True, "the result records no commit"
-    proc = subprocess.run(["git", "diff", "--name-only", commit, "--", *paths], cwd=repo, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        ["git", "diff", "--name-only", commit, "--", *paths], cwd=repo, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         return True, f"git cannot compare with commit {commit[:10]} ({proc.stderr.strip()[:120]})"
     changed = proc.stdout.split()
@@ -125,13 +131,19 @@ _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt
 # json replaces the placeholder.
 PENDING = {
     "gpu_check": {
-        "title": "GPU check: the fast path on CUDA", "order": 5, "command": "bash scripts/gpu_check.sh",
-        "date": "not yet run", "machine": "needs a CUDA machine (1-8 GPUs)", "pending": True,
+        "title": "GPU check: the fast path on CUDA",
+        "order": 5,
+        "command": "bash scripts/gpu_check.sh",
+        "date": "not yet run",
+        "machine": "needs a CUDA machine (1-8 GPUs)",
+        "pending": True,
         "summary": [{"row": "gpu_check", "measured": "not yet run on a GPU", "target": None, "met": None}],
-        "notes": ["Not yet run on a GPU. `bash scripts/gpu_check.sh` on a CUDA machine writes "
-                  "`benchmarks/results/gpu_check.json` (every check's PASS/FAIL with its numbers; tokens/s/GPU, MFU "
-                  "and peak memory vs plan at T = 4 and T = 8, bf16 and float8; device, torch version, commit) and "
-                  "this section shows it. What to expect meanwhile: docs/scaling.md (expectations, not measurements)."],
+        "notes": [
+            "Not yet run on a GPU. `bash scripts/gpu_check.sh` on a CUDA machine writes "
+            "`benchmarks/results/gpu_check.json` (every check's PASS/FAIL with its numbers; tokens/s/GPU, MFU "
+            "and peak memory vs plan at T = 4 and T = 8, bf16 and float8; device, torch version, commit) and "
+            "this section shows it. What to expect meanwhile: docs/scaling.md (expectations, not measurements)."
+        ],
     },
 }
 
@@ -171,8 +183,10 @@ def validate(path: Path, data) -> dict:
             raise ResultError(f"{where}: summary[{i}] needs 'row' and 'measured' (and 'target', 'met')")
         want = expected_met(row["measured"], row.get("target"))
         if want is not None and row.get("met") is not want:
-            raise ResultError(f"{where}: summary[{i}] ({row['row']!r}) says met={row.get('met')} but measured "
-                              f"{row['measured']} vs target {row['target']!r} gives {want}")
+            raise ResultError(
+                f"{where}: summary[{i}] ({row['row']!r}) says met={row.get('met')} but measured "
+                f"{row['measured']} vs target {row['target']!r} gives {want}"
+            )
     for i, table in enumerate(data.get("tables", [])):
         cols = table.get("columns") if isinstance(table, dict) else None
         rows = table.get("rows") if isinstance(table, dict) else None
@@ -208,11 +222,18 @@ def measured_commit(name: str, repo: Path = ROOT) -> str | None:
     """The commit a benchmark writing result `name` measures now (HEAD), for its json's "commit". Measure committed
     code: with uncommitted changes under MEASURES[name] the result is stale from the start (a warning says so)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--name-only", "HEAD", "--", *MEASURES.get(name, ["."])], cwd=repo,
-                           capture_output=True, text=True).stdout.split()
+    dirty = subprocess.run(
+        ["git", "diff", "--name-only", "HEAD", "--", *MEASURES.get(name, ["."])],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     if dirty:
-        print(f"warning: uncommitted changes in {', '.join(dirty[:3])}: {name}.json records commit {head[:10]} "
-              f"and will read as stale; commit the code, then measure", file=sys.stderr)
+        print(
+            f"warning: uncommitted changes in {', '.join(dirty[:3])}: {name}.json records commit {head[:10]} "
+            f"and will read as stale; commit the code, then measure",
+            file=sys.stderr,
+        )
     return head or None
 
 
@@ -223,18 +244,30 @@ def _head(repo: Path = ROOT) -> str:
 
 def render(results: list[tuple[str, dict]], repo: Path = ROOT, measures: dict | None = None) -> str:
     lines = [HEADER, "## Summary", ""]
-    summary = [[f"{r['row']} ([{name}](#{name}))", r["measured"], r.get("target") or "", r.get("met")]
-               for name, d in results for r in d.get("summary", [])]
+    summary = [
+        [f"{r['row']} ([{name}](#{name}))", r["measured"], r.get("target") or "", r.get("met")]
+        for name, d in results
+        for r in d.get("summary", [])
+    ]
     lines += _table(["row", "measured", "target", "met"], summary) + [""]
     for name, d in results:
-        lines += [f'<a id="{name}"></a>', "", f"## {d['title']}", "",
-                  f"`{d['command']}` · {d['date']} · {d['machine']}" + ("" if d.get("pending") else
-                  f" · [`benchmarks/results/{name}.json`](benchmarks/results/{name}.json)"), ""]
+        lines += [
+            f'<a id="{name}"></a>',
+            "",
+            f"## {d['title']}",
+            "",
+            f"`{d['command']}` · {d['date']} · {d['machine']}"
+            + ("" if d.get("pending") else f" · [`benchmarks/results/{name}.json`](benchmarks/results/{name}.json)"),
+            "",
+        ]
         if not d.get("pending"):
             stale, why = staleness(name, d, repo, measures)
             commit = d.get("commit")
-            lines += [f"Measured at commit {commit[:10] if commit else 'unknown'}; stale when generated (at "
-                      f"{_head(repo)}): {'yes' if stale else 'no'} ({why}).", ""]
+            lines += [
+                f"Measured at commit {commit[:10] if commit else 'unknown'}; stale when generated (at "
+                f"{_head(repo)}): {'yes' if stale else 'no'} ({why}).",
+                "",
+            ]
         for t in d.get("tables", []):
             if t.get("title"):
                 lines += [t["title"], ""]
@@ -258,14 +291,21 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.check:
-        stale = [(name, why) for name, d in results if not d.get("pending")
-                 for is_stale, why in [staleness(name, d)] if is_stale]
+        stale = [
+            (name, why)
+            for name, d in results
+            if not d.get("pending")
+            for is_stale, why in [staleness(name, d)]
+            if is_stale
+        ]
         for name, why in stale:
             print(f"stale: {name}.json ({why})")
         print(f"{len(stale)} of {len(results)} result(s) stale" + ("" if a.fail_stale else " (reported only)"))
         if not a.out.is_file() or _STALE_LINE.sub("", a.out.read_text()) != _STALE_LINE.sub("", text):
-            print(f"error: {a.out} is out of date with {a.results}; regenerate it: python -m benchmarks.report",
-                  file=sys.stderr)
+            print(
+                f"error: {a.out} is out of date with {a.results}; regenerate it: python -m benchmarks.report",
+                file=sys.stderr,
+            )
             return 1
         return 1 if a.fail_stale and stale else 0
     a.out.write_text(text)

@@ -26,11 +26,15 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (arguments at default size, arguments for --tiny)
 BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
-    "loop_efficiency": ([], ["--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "1",
-                             "--warmup", "1"]),
+    "loop_efficiency": (
+        [],
+        ["--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "1", "--warmup", "1"],
+    ),
     "loss_memory": ([], ["--vocab", "1024", "--hidden", "64", "--seq-len", "32", "--batch", "1"]),
-    "activation_checkpointing": ([], ["--loops", "1", "2", "--hidden", "64", "--vocab", "512", "--seq-len", "32",
-                                      "--batch", "2", "--repeats", "1"]),
+    "activation_checkpointing": (
+        [],
+        ["--loops", "1", "2", "--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "1"],
+    ),
     "communication": ([], ["--steps", "2"]),
     "data_loader": ([], ["--tokens", "200000", "--seq-len", "256"]),
     "checkpoint": ([], ["--hidden", "64", "--layers", "1", "--vocab", "512", "--repeats", "1"]),
@@ -44,18 +48,20 @@ def run_one(name: str, args: list[str], out_dir: Path) -> dict:
     cmd = [sys.executable, str(HERE / f"{name}.py"), *args, "--out", str(out)]
     print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=HERE.parent, env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
-        "OMP_NUM_THREADS", "1")}, text=True)
+    proc = subprocess.run(
+        cmd, cwd=HERE.parent, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, text=True
+    )
     if proc.returncode != 0 or not out.is_file():
-        raise SystemExit(f"error: benchmark {name} failed (exit {proc.returncode}); rerun it alone: "
-                         f"python benchmarks/{name}.py --help")
+        raise SystemExit(
+            f"error: benchmark {name} failed (exit {proc.returncode}); rerun it alone: "
+            f"python benchmarks/{name}.py --help"
+        )
     print(f"=== {name}: {time.time() - start:.0f} s", flush=True)
     return json.loads(out.read_text())
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="benchmarks: " + ", ".join(BENCHMARKS))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="benchmarks: " + ", ".join(BENCHMARKS))
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks")
     p.add_argument("--tiny", action="store_true", help="smallest sizes (smoke test; numbers are meaningless)")
     p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="output directory")

@@ -29,10 +29,18 @@ def estimate(name: str, n_loops: int, seq_len: int, mfu: float, gpus: int, batch
     fpt_final_only = cfg.flops_per_token(seq_len, n_loops=n_loops, readouts=1)
     tok_s_gpu = mfu * H100_BF16_PEAK / fpt
     return {
-        "model": name, "n_loops": n_loops, "seq_len": seq_len, "params": cfg.param_count(),
-        "flops_per_token": fpt, "flops_per_token_final_readout_only": fpt_final_only,
-        "assumed_mfu": mfu, "tokens_per_s_per_gpu_est": tok_s_gpu, "tokens_per_s_node_est": tok_s_gpu * gpus,
-        "step_time_s_est": batch_tokens / (tok_s_gpu * gpus), "batch_tokens": batch_tokens, "gpus": gpus,
+        "model": name,
+        "n_loops": n_loops,
+        "seq_len": seq_len,
+        "params": cfg.param_count(),
+        "flops_per_token": fpt,
+        "flops_per_token_final_readout_only": fpt_final_only,
+        "assumed_mfu": mfu,
+        "tokens_per_s_per_gpu_est": tok_s_gpu,
+        "tokens_per_s_node_est": tok_s_gpu * gpus,
+        "step_time_s_est": batch_tokens / (tok_s_gpu * gpus),
+        "batch_tokens": batch_tokens,
+        "gpus": gpus,
         "days_per_trillion_tokens_node_est": 1e12 / (tok_s_gpu * gpus) / 86400,
     }
 
@@ -45,12 +53,16 @@ def run(mfu: float = 0.40, seq_len: int = 4096, gpus: int = 8, batch_tokens: int
 
 def print_table(rows: list[dict]) -> None:
     print(f"Scaling on paper (ESTIMATES from the FLOP model; {ANCHORS})")
-    print(f"{'model':<10} {'T':>2} {'params':>8} {'GFLOP/tok':>10} {'MFU':>5} {'tok/s/GPU':>10} "
-          f"{'tok/s/node':>11} {'step s':>7} {'days/1T tok':>11}")
+    print(
+        f"{'model':<10} {'T':>2} {'params':>8} {'GFLOP/tok':>10} {'MFU':>5} {'tok/s/GPU':>10} "
+        f"{'tok/s/node':>11} {'step s':>7} {'days/1T tok':>11}"
+    )
     for r in rows:
-        print(f"{r['model']:<10} {r['n_loops']:>2} {r['params'] / 1e9:>7.2f}B {r['flops_per_token'] / 1e9:>10.1f} "
-              f"{r['assumed_mfu']:>5.0%} {r['tokens_per_s_per_gpu_est']:>10.0f} {r['tokens_per_s_node_est']:>11.0f} "
-              f"{r['step_time_s_est']:>7.1f} {r['days_per_trillion_tokens_node_est']:>11.1f}")
+        print(
+            f"{r['model']:<10} {r['n_loops']:>2} {r['params'] / 1e9:>7.2f}B {r['flops_per_token'] / 1e9:>10.1f} "
+            f"{r['assumed_mfu']:>5.0%} {r['tokens_per_s_per_gpu_est']:>10.0f} {r['tokens_per_s_node_est']:>11.0f} "
+            f"{r['step_time_s_est']:>7.1f} {r['days_per_trillion_tokens_node_est']:>11.1f}"
+        )
 
 
 def main(argv=None) -> int:

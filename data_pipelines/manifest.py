@@ -21,23 +21,31 @@ import sys
 def list_shards(root: str, fmt: str) -> list[str]:
     if fmt == "webdataset":
         return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*.tar"), recursive=True))
-    indexes = [os.path.join(root, "index.json")] if os.path.isfile(os.path.join(root, "index.json")) else \
-        sorted(glob.glob(os.path.join(root, "*", "index.json")))
+    indexes = (
+        [os.path.join(root, "index.json")]
+        if os.path.isfile(os.path.join(root, "index.json"))
+        else sorted(glob.glob(os.path.join(root, "*", "index.json")))
+    )
     shards = []
     for path in indexes:
         with open(path) as f:
             for shard in json.load(f)["shards"]:
                 if shard.get("compression"):
-                    raise SystemExit(f"error: {path}: shard {shard['raw_data']['basename']} is compressed "
-                                     f"({shard['compression']}); write the set with compression=None")
+                    raise SystemExit(
+                        f"error: {path}: shard {shard['raw_data']['basename']} is compressed "
+                        f"({shard['compression']}); write the set with compression=None"
+                    )
                 rel = os.path.relpath(os.path.join(os.path.dirname(path), shard["raw_data"]["basename"]), root)
                 shards.append(rel)
     return shards
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m data_pipelines.manifest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipelines.manifest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("root", help="local directory of the shard set")
     p.add_argument("--format", choices=("mds", "webdataset"), required=True)
     p.add_argument("--tokenizer", required=True, help="tokenizer.json the tokens were produced with")
@@ -78,16 +86,35 @@ def main(argv=None) -> None:
             index = build_index(a.format, data, dtype, rel)
             with open(os.path.join(a.root, rel + INDEX_SUFFIX), "wb") as f:
                 f.write(index)
-            infos.append(ShardInfo(rel, len(shard.doc_starts) - 1, len(shard.tokens), len(data), sha1_bytes(data),
-                                   fingerprint, rel + INDEX_SUFFIX, len(index), sha1_bytes(index)))
+            infos.append(
+                ShardInfo(
+                    rel,
+                    len(shard.doc_starts) - 1,
+                    len(shard.tokens),
+                    len(data),
+                    sha1_bytes(data),
+                    fingerprint,
+                    rel + INDEX_SUFFIX,
+                    len(index),
+                    sha1_bytes(index),
+                )
+            )
     except ShardError as e:
         raise SystemExit(f"error: {e}") from None
-    manifest = Manifest(format=a.format, source=a.source or os.path.basename(os.path.abspath(a.root)), dtype=dtype,
-                        tokenizer=tok, shards=infos)
+    manifest = Manifest(
+        format=a.format,
+        source=a.source or os.path.basename(os.path.abspath(a.root)),
+        dtype=dtype,
+        tokenizer=tok,
+        shards=infos,
+    )
     with open(os.path.join(a.root, MANIFEST), "w") as f:
         f.write(manifest.to_json())
-    print(f"{a.root}: {manifest.documents} documents, {manifest.tokens} tokens in {len(infos)} shards; wrote "
-          f"{MANIFEST} and {len(infos)} indexes", file=sys.stderr)
+    print(
+        f"{a.root}: {manifest.documents} documents, {manifest.tokens} tokens in {len(infos)} shards; wrote "
+        f"{MANIFEST} and {len(infos)} indexes",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -33,12 +33,13 @@ def list_inputs(paths: list[str]) -> list[str]:
         if info.type == pafs.FileType.Directory:
             infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
             found = sorted(i.path for i in infos if i.type == pafs.FileType.File and is_supported(i.path))
-            prefix = p[:p.index("://") + 3] if "://" in p else ""
+            prefix = p[: p.index("://") + 3] if "://" in p else ""
             out += [prefix + f if prefix and not f.startswith(prefix) else f for f in found]
         elif info.type == pafs.FileType.File:
             if not is_supported(p):
-                raise SystemExit(f"error: input {p} is not a supported file: expected one of "
-                                 f"{PARQUET_SUFFIXES + JSONL_SUFFIXES}")
+                raise SystemExit(
+                    f"error: input {p} is not a supported file: expected one of {PARQUET_SUFFIXES + JSONL_SUFFIXES}"
+                )
             out.append(p)
         else:
             raise SystemExit(f"error: input {p} does not exist: pass parquet / jsonl(.zst) files or directories")
@@ -53,8 +54,11 @@ def _open(path: str):
 
 
 def _meta(record: dict, text_column: str, id_column: str | None) -> dict:
-    return {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
-            for k, v in record.items() if k not in (text_column, id_column)}
+    return {
+        k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+        for k, v in record.items()
+        if k not in (text_column, id_column)
+    }
 
 
 def read_parquet(path: str, text_column: str = "text", batch_rows: int = 1024) -> Iterator[tuple[str, str, dict]]:

@@ -16,8 +16,38 @@ import os
 
 import numpy as np
 
-SYLLABLES = ["ka", "lo", "mi", "ten", "ra", "shu", "vo", "pel", "dan", "qui", "or", "es", "ith", "um", "zen",
-             "bra", "fo", "gil", "ny", "cet", "wa", "ro", "lin", "ta", "mu", "sel", "fa", "dro", "ki", "pe"]
+SYLLABLES = [
+    "ka",
+    "lo",
+    "mi",
+    "ten",
+    "ra",
+    "shu",
+    "vo",
+    "pel",
+    "dan",
+    "qui",
+    "or",
+    "es",
+    "ith",
+    "um",
+    "zen",
+    "bra",
+    "fo",
+    "gil",
+    "ny",
+    "cet",
+    "wa",
+    "ro",
+    "lin",
+    "ta",
+    "mu",
+    "sel",
+    "fa",
+    "dro",
+    "ki",
+    "pe",
+]
 
 
 def _words(rng, n_words: int = 400) -> list[str]:
@@ -36,7 +66,7 @@ def make_texts(n: int, seed: int) -> list[str]:
         sentences, i = [], 0
         while i < len(words):
             k = int(rng.integers(5, 16))
-            sentences.append(" ".join(words[i:i + k]).capitalize() + ".")
+            sentences.append(" ".join(words[i : i + k]).capitalize() + ".")
             i += k
         texts.append(" ".join(sentences))
     return texts
@@ -49,28 +79,38 @@ def write_fineweb_parquet(path: str, n_docs: int, seed: int) -> None:
     texts = make_texts(n_docs, seed)
     rng = np.random.default_rng(seed + 1)
     score = rng.uniform(2.5, 5.0, size=n_docs)
-    table = pa.table({
-        "text": texts,
-        "id": [f"<urn:uuid:{seed:04d}-{i:08d}>" for i in range(n_docs)],
-        "dump": ["CC-MAIN-2024-10"] * n_docs,
-        "url": [f"https://example.org/{seed}/{i}" for i in range(n_docs)],
-        "date": ["2024-02-21T10:00:00Z"] * n_docs,
-        "file_path": [f"s3://commoncrawl/crawl-data/CC-MAIN-2024-10/segments/{seed}.warc.gz"] * n_docs,
-        "language": ["en"] * n_docs,
-        "language_score": pa.array(rng.uniform(0.65, 1.0, size=n_docs), pa.float64()),
-        "token_count": pa.array([len(t.split()) for t in texts], pa.int64()),
-        "score": pa.array(score, pa.float64()),
-        "int_score": pa.array(np.round(score).astype(np.int64), pa.int64()),
-    })
+    table = pa.table(
+        {
+            "text": texts,
+            "id": [f"<urn:uuid:{seed:04d}-{i:08d}>" for i in range(n_docs)],
+            "dump": ["CC-MAIN-2024-10"] * n_docs,
+            "url": [f"https://example.org/{seed}/{i}" for i in range(n_docs)],
+            "date": ["2024-02-21T10:00:00Z"] * n_docs,
+            "file_path": [f"s3://commoncrawl/crawl-data/CC-MAIN-2024-10/segments/{seed}.warc.gz"] * n_docs,
+            "language": ["en"] * n_docs,
+            "language_score": pa.array(rng.uniform(0.65, 1.0, size=n_docs), pa.float64()),
+            "token_count": pa.array([len(t.split()) for t in texts], pa.int64()),
+            "score": pa.array(score, pa.float64()),
+            "int_score": pa.array(np.round(score).astype(np.int64), pa.int64()),
+        }
+    )
     pq.write_table(table, path, row_group_size=max(1, n_docs // 4))
 
 
 def write_nemotron_jsonl_zst(path: str, n_docs: int, seed: int) -> None:
     import zstandard
 
-    lines = [json.dumps({"warc_record_id": f"{seed:04d}-{i:08d}", "url": f"https://example.net/{seed}/{i}",
-                         "text": t, "quality": ["high", "medium-high", "medium"][i % 3]})
-             for i, t in enumerate(make_texts(n_docs, seed))]
+    lines = [
+        json.dumps(
+            {
+                "warc_record_id": f"{seed:04d}-{i:08d}",
+                "url": f"https://example.net/{seed}/{i}",
+                "text": t,
+                "quality": ["high", "medium-high", "medium"][i % 3],
+            }
+        )
+        for i, t in enumerate(make_texts(n_docs, seed))
+    ]
     with open(path, "wb") as f:
         f.write(zstandard.ZstdCompressor(level=3).compress(("\n".join(lines) + "\n").encode("utf-8")))
 
@@ -82,16 +122,23 @@ def train_tokenizer(path: str, vocab_size: int = 512, seed: int = 0) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(make_texts(300, seed + 99), trainer=trainer)
     tok.save(path)
 
 
 def write_sample_corpus(out: str, files: int = 2, docs: int = 200, vocab_size: int = 512, seed: int = 0) -> dict:
     """Write the corpus; return {"fineweb": dir, "nemotron": dir, "tokenizer": path}."""
-    paths = {"fineweb": os.path.join(out, "fineweb"), "nemotron": os.path.join(out, "nemotron"),
-             "tokenizer": os.path.join(out, "tokenizer.json")}
+    paths = {
+        "fineweb": os.path.join(out, "fineweb"),
+        "nemotron": os.path.join(out, "nemotron"),
+        "tokenizer": os.path.join(out, "tokenizer.json"),
+    }
     os.makedirs(paths["fineweb"], exist_ok=True)
     os.makedirs(paths["nemotron"], exist_ok=True)
     for i in range(files):
@@ -102,8 +149,11 @@ def write_sample_corpus(out: str, files: int = 2, docs: int = 200, vocab_size: i
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m data_pipelines.sample_corpus", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipelines.sample_corpus",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", required=True, help="directory to create")
     p.add_argument("--files", type=int, default=2, help="files per source (default: 2)")
     p.add_argument("--docs", type=int, default=200, help="documents per file (default: 200)")

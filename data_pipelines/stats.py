@@ -15,8 +15,9 @@ import sys
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m data_pipelines.stats", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipelines.stats", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("paths", nargs="+", help="shard-set directories or URLs (each holds manifest.json)")
     p.add_argument("--verify", action="store_true", help="read and check every shard")
     p.add_argument("--json", default=None, help="also write the statistics as JSON to this file")
@@ -43,13 +44,26 @@ def main(argv=None) -> None:
                     if info.index:
                         index = fetcher.read(info.index)
                         if sha1_bytes(index) != info.index_sha1 or index != build_index(m.format, data, m.dtype, where):
-                            raise ShardError(fetcher.location(info.index), "differs from its shard or the manifest",
-                                             "re-create the shard set")
+                            raise ShardError(
+                                fetcher.location(info.index),
+                                "differs from its shard or the manifest",
+                                "re-create the shard set",
+                            )
         except ShardError as e:
             raise SystemExit(f"error: {e}") from None
-        rows.append({"path": path, "source": m.source, "format": m.format, "documents": m.documents,
-                     "tokens": m.tokens, "shards": len(m.shards), "bytes": sum(s.bytes for s in m.shards),
-                     "tokenizer": m.tokenizer.get("fingerprint"), "verified": a.verify})
+        rows.append(
+            {
+                "path": path,
+                "source": m.source,
+                "format": m.format,
+                "documents": m.documents,
+                "tokens": m.tokens,
+                "shards": len(m.shards),
+                "bytes": sum(s.bytes for s in m.shards),
+                "tokenizer": m.tokenizer.get("fingerprint"),
+                "verified": a.verify,
+            }
+        )
         total_docs += m.documents
         total_tokens += m.tokens
 
@@ -58,8 +72,10 @@ def main(argv=None) -> None:
     print("-" * len(header))
     for r in rows:
         share = r["tokens"] / max(total_tokens, 1)
-        print(f"{r['source']:<20} {r['format']:<10} {r['shards']:>7} {r['documents']:>12,} {r['tokens']:>15,} "
-              f"{share:>7.1%}  {r['tokenizer'][:17]}")
+        print(
+            f"{r['source']:<20} {r['format']:<10} {r['shards']:>7} {r['documents']:>12,} {r['tokens']:>15,} "
+            f"{share:>7.1%}  {r['tokenizer'][:17]}"
+        )
     print(f"{'total':<20} {'':<10} {sum(r['shards'] for r in rows):>7} {total_docs:>12,} {total_tokens:>15,}")
     if a.verify:
         print("all shards verified (sha1, documents, tokens, index)", file=sys.stderr)

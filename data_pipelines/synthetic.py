@@ -28,17 +28,25 @@ def parse_option(text: str) -> tuple[str, object]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m data_pipelines.synthetic", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipelines.synthetic",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--task", required=True, choices=["mano", "addition", "xor", "multihop"])
     p.add_argument("--out", required=True, help="new directory (or URL); train/ and eval/ are created inside")
     p.add_argument("--format", choices=["mds", "webdataset"], default="mds")
     p.add_argument("--train-docs", type=int, default=100_000, help="training documents (default: 100000)")
     p.add_argument("--eval-examples", type=int, default=1000, help="held-out examples (default: 1000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="task option, repeatable (mano: max_ops, modulus; addition: n_digits; "
-                        "xor: n_bits, eval_n_bits; multihop: fact_fraction, n_eval, world_seed, ...)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task option, repeatable (mano: max_ops, modulus; addition: n_digits; "
+        "xor: n_bits, eval_n_bits; multihop: fact_fraction, n_eval, world_seed, ...)",
+    )
     a = p.parse_args(argv)
     if a.train_docs < 1 or a.eval_examples < 1:
         raise SystemExit("error: --train-docs and --eval-examples must be >= 1")
@@ -54,8 +62,13 @@ def main(argv=None) -> None:
         task = build_task(a.task, seed=a.seed, **dict(parse_option(o) for o in a.option))
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    tokenizer = {"fingerprint": task.fingerprint(), "vocab_size": task.vocab_size, "eos_id": EOS,
-                 "path": f"task:{a.task}", "vocab": task.vocab}
+    tokenizer = {
+        "fingerprint": task.fingerprint(),
+        "vocab_size": task.vocab_size,
+        "eos_id": EOS,
+        "path": f"task:{a.task}",
+        "vocab": task.vocab,
+    }
     start, counted = time.time(), {"tokens": 0}
 
     def train_docs():
@@ -75,8 +88,11 @@ def main(argv=None) -> None:
     base = a.out.rstrip("/")
     train = write_shard_set(f"{base}/train", a.format, f"{a.task}-train", train_docs(), tokenizer)
     held = write_shard_set(f"{base}/eval", a.format, f"{a.task}-eval", eval_docs(), tokenizer)
-    print(f"wrote {a.task}: train {train.documents} documents / {train.tokens} tokens, eval {held.documents} "
-          f"examples / {held.tokens} tokens -> {base} ({time.time() - start:.1f}s)", file=sys.stderr)
+    print(
+        f"wrote {a.task}: train {train.documents} documents / {train.tokens} tokens, eval {held.documents} "
+        f"examples / {held.tokens} tokens -> {base} ({time.time() - start:.1f}s)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

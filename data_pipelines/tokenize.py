@@ -25,20 +25,35 @@ DEFAULT_SHARD_BYTES = 64 << 20  # = titanloop.data.shard_format.DEFAULT_SHARD_BY
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m data_pipelines.tokenize", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data_pipelines.tokenize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("inputs", nargs="+", help="parquet / .jsonl / .jsonl.zst(d) files or directories (recursive)")
     p.add_argument("--tokenizer", required=True, help="path of a Hugging Face tokenizer.json")
     p.add_argument("--out", required=True, help="output shard-set directory (must be new or empty) or URL")
     p.add_argument("--format", choices=FORMATS, default="mds", help="shard format (default: mds)")
     p.add_argument("--source", default=None, help="source name recorded in the manifest (default: --out basename)")
     p.add_argument("--text-column", default="text", help="column / key holding the document text (default: text)")
-    p.add_argument("--eos-token", default=None, help="EOS token appended after every document "
-                   "(default: the first of <|endoftext|>, </s>, <eos>, ... in the vocabulary)")
-    p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)),
-                   help="processes, one input file at a time each (default: min(8, CPUs))")
-    p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="shard size limit in bytes "
-                   f"(default: {DEFAULT_SHARD_BYTES})")
+    p.add_argument(
+        "--eos-token",
+        default=None,
+        help="EOS token appended after every document "
+        "(default: the first of <|endoftext|>, </s>, <eos>, ... in the vocabulary)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(8, os.cpu_count() or 1)),
+        help="processes, one input file at a time each (default: min(8, CPUs))",
+    )
+    p.add_argument(
+        "--shard-bytes",
+        type=int,
+        default=DEFAULT_SHARD_BYTES,
+        help=f"shard size limit in bytes (default: {DEFAULT_SHARD_BYTES})",
+    )
     p.add_argument("--min-tokens", type=int, default=1, help="drop documents with fewer tokens (before EOS)")
     return p.parse_args(argv)
 
@@ -146,32 +161,44 @@ def main(argv=None) -> None:
     out = OutputDir(args.out)
     args.local_out = out.local
     source = args.source or os.path.basename(args.out.rstrip("/"))
-    print(f"tokenizing {len(inputs)} file(s) with {args.tokenizer} ({fingerprint[:17]}, vocab {vocab_size}, "
-          f"eos {eos_id}) -> {args.format} {args.out}", file=sys.stderr)
+    print(
+        f"tokenizing {len(inputs)} file(s) with {args.tokenizer} ({fingerprint[:17]}, vocab {vocab_size}, "
+        f"eos {eos_id}) -> {args.format} {args.out}",
+        file=sys.stderr,
+    )
 
     if args.format == "mds":
         import streaming  # noqa: F401  (slow import: once here, inherited by forked workers)
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: keeps the process single-threaded for fork
-    bar = tqdm(total=None, unit="tok", unit_scale=True, desc=f"{source} 0/{len(inputs)} files", file=sys.stderr,
-               mininterval=0.5)
+    bar = tqdm(
+        total=None,
+        unit="tok",
+        unit_scale=True,
+        desc=f"{source} 0/{len(inputs)} files",
+        file=sys.stderr,
+        mininterval=0.5,
+    )
     start = time.time()
     if args.workers == 1 or len(inputs) == 1:
         progress = _Progress(bar, len(inputs), source)
-        results = [tokenize_file((i, path, args, fingerprint, eos_id, vocab_size, progress))
-                   for i, path in enumerate(inputs)]
+        results = [
+            tokenize_file((i, path, args, fingerprint, eos_id, vocab_size, progress)) for i, path in enumerate(inputs)
+        ]
     else:
         results = _run_pool(args, inputs, fingerprint, eos_id, vocab_size, _Progress(bar, len(inputs), source))
     bar.close()
-    manifest = Manifest(format=args.format, source=source, dtype=token_dtype(vocab_size), tokenizer=tok,
-                        inputs=inputs)
+    manifest = Manifest(format=args.format, source=source, dtype=token_dtype(vocab_size), tokenizer=tok, inputs=inputs)
     for _, shards, _, _ in sorted(results, key=lambda r: r[0]):
         manifest.shards += shards
     out.publish(manifest)
     secs = time.time() - start
-    print(f"wrote {manifest.documents} documents, {manifest.tokens} tokens in {len(manifest.shards)} shards to "
-          f"{args.out} ({manifest.tokens / max(secs, 1e-9):,.0f} tokens/s)", file=sys.stderr)
+    print(
+        f"wrote {manifest.documents} documents, {manifest.tokens} tokens in {len(manifest.shards)} shards to "
+        f"{args.out} ({manifest.tokens / max(secs, 1e-9):,.0f} tokens/s)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

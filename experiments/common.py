@@ -51,8 +51,13 @@ def override_args(overrides: dict) -> list[str]:
     return args
 
 
-def train(config: str | os.PathLike, run_dir: str | os.PathLike, overrides: dict | None = None, nproc: int = 1,
-          quiet: bool = True) -> Path:
+def train(
+    config: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    overrides: dict | None = None,
+    nproc: int = 1,
+    quiet: bool = True,
+) -> Path:
     """Train `config` (a TOML path, relative to the repo root or absolute) into a fresh `run_dir`.
 
     Runs `torchrun --standalone --nproc_per_node=nproc -m titanloop.train`; checkpoints are enabled so the final
@@ -66,13 +71,31 @@ def train(config: str | os.PathLike, run_dir: str | os.PathLike, overrides: dict
     config = Path(config)
     if not config.is_absolute():
         config = REPO / config
-    overrides = {"checkpoint.enable": True, "metrics.wandb": "off", **(overrides or {}),
-                 "training.run_dir": str(run_dir)}
+    overrides = {
+        "checkpoint.enable": True,
+        "metrics.wandb": "off",
+        **(overrides or {}),
+        "training.run_dir": str(run_dir),
+    }
     overrides.setdefault("checkpoint.interval", int(overrides.get("training.steps", 10**9)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "titanloop.train", "--config", str(config), *override_args(overrides)]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "offline",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "titanloop.train",
+        "--config",
+        str(config),
+        *override_args(overrides),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     start = time.perf_counter()
     log_path = run_dir / "train.log"
     with open(log_path, "w") as log:
@@ -110,8 +133,14 @@ def load(run_dir: str | os.PathLike):
     return load_model(Path(run_dir) / "checkpoints")
 
 
-def heldout(model_or_run, loops: list[int] = (1,), data: dict | None = None, n_examples: int = 256,
-            batch_size: int = 64, seq_len: int = 256) -> list[dict]:
+def heldout(
+    model_or_run,
+    loops: list[int] = (1,),
+    data: dict | None = None,
+    n_examples: int = 256,
+    batch_size: int = 64,
+    seq_len: int = 256,
+) -> list[dict]:
     """Depth sweep on held-out data: one {loops, loss, perplexity, token_accuracy, sequence_accuracy} per T.
 
     `model_or_run` is a LoopLM or a run dir. `data` is a titanloop.data DataConfig dict; by default the run's own
@@ -130,8 +159,13 @@ def heldout(model_or_run, loops: list[int] = (1,), data: dict | None = None, n_e
             data = {**run_config(model_or_run)["data"], "split": "eval"}
     if data is None:
         raise ValueError("heldout: pass data= (a DataConfig dict) when scoring a model that is not a run dir")
-    cfg = EvalConfig(loops=list(loops), batch_size=batch_size, max_batches=math.ceil(n_examples / batch_size),
-                     seq_len=seq_len, diagnostics=False)
+    cfg = EvalConfig(
+        loops=list(loops),
+        batch_size=batch_size,
+        max_batches=math.ceil(n_examples / batch_size),
+        seq_len=seq_len,
+        diagnostics=False,
+    )
     with torch.no_grad():
         return depth_sweep(model, DataConfig.from_dict(dict(data)), cfg=cfg)["points"]
 
@@ -167,22 +201,53 @@ def markdown_table(columns: list[str], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_results(out: str | os.PathLike, *, name: str, title: str, paper: str, columns: list[str], rows: list[dict],
-                  verdict: str, reproduced: bool | None, command: str, smoke: bool, extra: dict | None = None) -> dict:
+def write_results(
+    out: str | os.PathLike,
+    *,
+    name: str,
+    title: str,
+    paper: str,
+    columns: list[str],
+    rows: list[dict],
+    verdict: str,
+    reproduced: bool | None,
+    command: str,
+    smoke: bool,
+    extra: dict | None = None,
+) -> dict:
     """results.json + results.md in `out`: the table, the paper's claim beside it, and whether it reproduced.
 
     reproduced: True / False, or None when the run was too small to say (smoke runs are always None).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"schema": RESULTS_SCHEMA, "name": name, "title": title, "paper": paper, "command": command,
-              "smoke": smoke, "reproduced": None if smoke else reproduced, "verdict": verdict, "columns": columns,
-              "rows": rows, **(extra or {})}
+    result = {
+        "schema": RESULTS_SCHEMA,
+        "name": name,
+        "title": title,
+        "paper": paper,
+        "command": command,
+        "smoke": smoke,
+        "reproduced": None if smoke else reproduced,
+        "verdict": verdict,
+        "columns": columns,
+        "rows": rows,
+        **(extra or {}),
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     status = {True: "yes", False: "no", None: "not judged"}[result["reproduced"]]
-    md = [f"# {title}", "", f"Command: `{command}`" + (" (smoke run: a few steps, not a result)" if smoke else ""), "",
-          f"**Paper:** {paper}", "", markdown_table(columns, rows), "",
-          f"**Direction reproduced:** {status}. {verdict}", ""]
+    md = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`" + (" (smoke run: a few steps, not a result)" if smoke else ""),
+        "",
+        f"**Paper:** {paper}",
+        "",
+        markdown_table(columns, rows),
+        "",
+        f"**Direction reproduced:** {status}. {verdict}",
+        "",
+    ]
     (out / "results.md").write_text("\n".join(md))
     return result
 
@@ -207,8 +272,17 @@ def _save(fig, path: str | os.PathLike) -> Path:
     return path
 
 
-def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabel: str, ylabel: str, title: str,
-         logy: bool = False, logx: bool = False, vline: float | None = None) -> Path:
+def plot(
+    path: str | os.PathLike,
+    series: dict[str, tuple[list, list]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logy: bool = False,
+    logx: bool = False,
+    vline: float | None = None,
+) -> Path:
     """Line plot of {label: (xs, ys)} to `path` (PNG)."""
     fig, ax = _figure((6, 4))
     for label, (xs, ys) in series.items():
@@ -225,8 +299,7 @@ def plot(path: str | os.PathLike, series: dict[str, tuple[list, list]], *, xlabe
     return _save(fig, path)
 
 
-def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, title: str,
-             logy: bool = False) -> Path:
+def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, title: str, logy: bool = False) -> Path:
     """Bar chart of {label: value} to `path` (PNG)."""
     fig, ax = _figure((7, 4))
     ax.bar(list(values), list(values.values()))
@@ -240,12 +313,23 @@ def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, 
 def parse_args(name: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
     """The flags every experiment takes: --out, --smoke, --seeds, --nproc, --parallel."""
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
-    p.add_argument("--out", type=Path, default=REPO / "runs" / "experiments" / name,
-                   help=f"output directory (default runs/experiments/{name})")
-    p.add_argument("--smoke", action="store_true", help="a few training steps of every run (CI): checks the "
-                                                        "pipeline, not the result")
-    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0],
-                   help="comma-separated training seeds (default 0)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "runs" / "experiments" / name,
+        help=f"output directory (default runs/experiments/{name})",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few training steps of every run (CI): checks the pipeline, not the result",
+    )
+    p.add_argument(
+        "--seeds",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[0],
+        help="comma-separated training seeds (default 0)",
+    )
     p.add_argument("--nproc", type=int, default=1, help="processes per training run (default 1)")
     p.add_argument("--parallel", type=int, default=1, help="training runs at a time (default 1)")
     return p.parse_args(argv)

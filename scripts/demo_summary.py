@@ -38,9 +38,12 @@ def load_sweeps(root: Path, seeds: list[int]) -> dict:
                 sys.exit(f"error: {path} is missing: run scripts/demo.sh (it trains and evaluates every seed)")
             reports.append(json.loads(path.read_text())["depth_sweep"])
         loops = reports[0]["loops"]
-        out[variant] = {"trained_T": reports[0]["trained_loops"], "loops": loops,
-                        "accuracy": [[r["points"][i]["sequence_accuracy"] for r in reports] for i in range(len(loops))],
-                        "loss": [[r["points"][i]["loss"] for r in reports] for i in range(len(loops))]}
+        out[variant] = {
+            "trained_T": reports[0]["trained_loops"],
+            "loops": loops,
+            "accuracy": [[r["points"][i]["sequence_accuracy"] for r in reports] for i in range(len(loops))],
+            "loss": [[r["points"][i]["loss"] for r in reports] for i in range(len(loops))],
+        }
     return out
 
 
@@ -76,7 +79,7 @@ def plot_curves(path: Path, curves: dict, seeds: list[int]) -> None:
         ax.plot(base["step"], [max(c[-1], 1e-4) for c in base["ce"]], "k--", label="baseline (T=1)")
         ax.set(yscale="log", title=f"seed {seed}", xlabel="step")
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(seeds):]:
+    for ax in axes.flat[len(seeds) :]:
         ax.axis("off")
     axes[0][0].set_ylabel("training CE of the answer")
     axes[0][0].legend(fontsize=7)
@@ -96,8 +99,9 @@ def plot(path: Path, sweeps: dict) -> None:
         label = f"{variant} (trained at T={s['trained_T']})"
         for ax, key in zip(axes, ("accuracy", "loss")):
             stats = [mean_std(v) for v in s[key]]
-            ax.errorbar(s["loops"], [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", capsize=3,
-                        label=label)
+            ax.errorbar(
+                s["loops"], [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", capsize=3, label=label
+            )
     axes[0].set(xlabel="loops T at evaluation", ylabel="held-out answer accuracy", title="accuracy (mean ± std)")
     axes[1].set(xlabel="loops T at evaluation", ylabel="held-out answer loss", title="loss (mean ± std)")
     for ax in axes:
@@ -116,10 +120,12 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     sweeps = load_sweeps(args.root, seeds)
     at = {v: s["loops"].index(s["trained_T"]) for v, s in sweeps.items()}
-    summary = {"metric": "accuracy", "seeds": seeds,
-               "looped": {"T": sweeps["looped"]["trained_T"], "heldout": sweeps["looped"]["accuracy"][at["looped"]]},
-               "baseline": {"T": sweeps["baseline"]["trained_T"],
-                            "heldout": sweeps["baseline"]["accuracy"][at["baseline"]]}}
+    summary = {
+        "metric": "accuracy",
+        "seeds": seeds,
+        "looped": {"T": sweeps["looped"]["trained_T"], "heldout": sweeps["looped"]["accuracy"][at["looped"]]},
+        "baseline": {"T": sweeps["baseline"]["trained_T"], "heldout": sweeps["baseline"]["accuracy"][at["baseline"]]},
+    }
     (args.root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.root / "depth_curve.json").write_text(json.dumps(sweeps, indent=1) + "\n")
     plot(args.root / "depth_curve.png", sweeps)
@@ -128,8 +134,10 @@ def main(argv=None) -> int:
     plot_curves(args.root / "loss_curves.png", curves, seeds)
 
     print(f"\nHeld-out answer accuracy (mean ± std over seeds {seeds}; loss in brackets):")
-    print(f"{'eval T':>6} | " + " | ".join(f"{v + ' (trained T=' + str(s['trained_T']) + ')':>34}"
-                                           for v, s in sweeps.items()))
+    print(
+        f"{'eval T':>6} | "
+        + " | ".join(f"{v + ' (trained T=' + str(s['trained_T']) + ')':>34}" for v, s in sweeps.items())
+    )
     for i, t in enumerate(sweeps["looped"]["loops"]):
         cells = []
         for s in sweeps.values():
@@ -138,8 +146,10 @@ def main(argv=None) -> int:
         print(f"{t:>6} | " + " | ".join(f"{c:>34}" for c in cells))
     lm, ls = mean_std(summary["looped"]["heldout"])
     bm, bs = mean_std(summary["baseline"]["heldout"])
-    print(f"\nlooped T={summary['looped']['T']}: {100 * lm:.1f}% ± {100 * ls:.1f}   vs   same parameters at "
-          f"T={summary['baseline']['T']}: {100 * bm:.1f}% ± {100 * bs:.1f}   ->   {100 * (lm - bm):+.1f} points")
+    print(
+        f"\nlooped T={summary['looped']['T']}: {100 * lm:.1f}% ± {100 * ls:.1f}   vs   same parameters at "
+        f"T={summary['baseline']['T']}: {100 * bm:.1f}% ± {100 * bs:.1f}   ->   {100 * (lm - bm):+.1f} points"
+    )
     print(f"\n{'seed':>4} | {'looped':>7} | {'T=1':>7} | {'margin':>7} | final training CE per loop (looped; T=1)")
     for s, a, b in zip(seeds, summary["looped"]["heldout"], summary["baseline"]["heldout"]):
         ce_l, ce_b = curves["looped"][str(s)]["ce"], curves["baseline"][str(s)]["ce"]
@@ -147,10 +157,14 @@ def main(argv=None) -> int:
         last_b = f"{ce_b[-1][-1]:.3f}" if ce_b else "-"
         print(f"{s:>4} | {100 * a:6.1f}% | {100 * b:6.1f}% | {100 * (a - b):+7.1f} | {last}; {last_b}")
     margins = [a - b for a, b in zip(summary["looped"]["heldout"], summary["baseline"]["heldout"])]
-    print(f"margin: mean {100 * mean_std(margins)[0]:+.1f} ± {100 * mean_std(margins)[1]:.1f} points, "
-          f"smallest {100 * min(margins):+.1f} (seed {seeds[margins.index(min(margins))]})")
-    print(f"wrote {args.root / 'summary.json'}, {args.root / 'depth_curve.png'}, {args.root / 'depth_curve.json'}, "
-          f"{args.root / 'loss_curves.png'}, {args.root / 'loss_curves.json'}")
+    print(
+        f"margin: mean {100 * mean_std(margins)[0]:+.1f} ± {100 * mean_std(margins)[1]:.1f} points, "
+        f"smallest {100 * min(margins):+.1f} (seed {seeds[margins.index(min(margins))]})"
+    )
+    print(
+        f"wrote {args.root / 'summary.json'}, {args.root / 'depth_curve.png'}, {args.root / 'depth_curve.json'}, "
+        f"{args.root / 'loss_curves.png'}, {args.root / 'loss_curves.json'}"
+    )
     return 0
 
 

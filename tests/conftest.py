@@ -29,8 +29,9 @@ def _refresh_manifest(ckpt) -> None:
     from titanloop.checkpoint import layout
 
     manifest = json.loads((ckpt / layout.MANIFEST).read_text())
-    manifest["files"] = {p.name: layout.file_record(p, True) for p in sorted(ckpt.iterdir())
-                         if p.name != layout.MANIFEST}
+    manifest["files"] = {
+        p.name: layout.file_record(p, True) for p in sorted(ckpt.iterdir()) if p.name != layout.MANIFEST
+    }
     (ckpt / layout.MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -87,9 +88,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     bad = _disallowed()
     terminalreporter.section("skips")
     for nodeid, reason in _skips:
-        tag = ("allowed in CI (GPU-only)" if (nodeid, reason) not in bad
-               else "FAILS THE RUN (CI=true)" if _in_ci() else "would fail under CI=true")
+        tag = (
+            "allowed in CI (GPU-only)"
+            if (nodeid, reason) not in bad
+            else "FAILS THE RUN (CI=true)"
+            if _in_ci()
+            else "would fail under CI=true"
+        )
         terminalreporter.write_line(f"{tag}: {nodeid}: {reason}")
     if _in_ci() and bad:
-        terminalreporter.write_line(f"CI=true: {len(bad)} skip(s) whose reason is not on CI_ALLOWED_SKIPS "
-                                    f"(tests/conftest.py) fail the run", red=True)
+        terminalreporter.write_line(
+            f"CI=true: {len(bad)} skip(s) whose reason is not on CI_ALLOWED_SKIPS (tests/conftest.py) fail the run",
+            red=True,
+        )

@@ -21,8 +21,14 @@ dist.init_process_group("gloo")
 cfg = load_config("train_configs/debug.toml", world_size=dist.get_world_size())
 torch.manual_seed(0)
 model = LoopLM(cfg.looplm)
-engine = DeepSpeedEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-2), zero_stage=stage, offload="none",
-                         micro_batch_size=2, max_norm=1.0)
+engine = DeepSpeedEngine(
+    model,
+    torch.optim.AdamW(model.parameters(), lr=1e-2),
+    zero_stage=stage,
+    offload="none",
+    micro_batch_size=2,
+    max_norm=1.0,
+)
 engine.lr_schedulers = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda step: 1.0)
 gen = torch.Generator().manual_seed(dist.get_rank())
 

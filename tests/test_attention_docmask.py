@@ -118,8 +118,18 @@ class FakeVarlen:
         self.calls = []
 
     def __call__(self, q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
-        self.calls.append(dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal))
+        self.calls.append(
+            dict(
+                q=q,
+                k=k,
+                v=v,
+                cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_k=cu_seqlens_k,
+                max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k,
+                causal=causal,
+            )
+        )
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out, cu = torch.empty_like(q), cu_seqlens_q.tolist()
@@ -136,8 +146,9 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
     gradients equal the masked-SDPA model."""
     fake = FakeVarlen()
     monkeypatch.setattr(attn, "_flash_attn_varlen_func", fake)
-    cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, ffn_hidden_size=64, n_layers=2,
-                       n_loops=3, max_seq_len=64)
+    cfg = LoopLMConfig(
+        vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, ffn_hidden_size=64, n_layers=2, n_loops=3, max_seq_len=64
+    )
     torch.manual_seed(0)
     ref_model = LoopLM(cfg.replace(attention_backend="sdpa"))
     model = LoopLM(cfg)
@@ -178,8 +189,16 @@ def test_flash_varlen_contract_in_the_model(monkeypatch):
 def test_model_with_documents_on_cpu_matches_masked_sdpa_without_a_dense_mask(monkeypatch, backend, limit):
     if limit is not None:  # `auto` above its dense-mask threshold: per-document calls
         monkeypatch.setattr(attn, "DENSE_MASK_MAX_ELEMENTS", limit)
-    cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=1, n_loops=2,
-                       max_seq_len=64, attention_backend=backend)
+    cfg = LoopLMConfig(
+        vocab_size=V,
+        hidden_size=32,
+        n_heads=4,
+        ffn_hidden_size=64,
+        n_layers=1,
+        n_loops=2,
+        max_seq_len=64,
+        attention_backend=backend,
+    )
     torch.manual_seed(0)
     model = LoopLM(cfg)
     ref_model = LoopLM(cfg.replace(attention_backend="sdpa"))
@@ -195,8 +214,9 @@ def test_model_with_documents_on_cpu_auto_small_batch_uses_one_masked_sdpa_call(
     """The model under CPU `auto` with a small batch: the dense mask, one SDPA call per layer and loop (no
     per-document calls), equal to the per-document model; under math_attention (JSRR's forward-mode AD)
     a jvp through the dense path equals the per-document one."""
-    cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, ffn_hidden_size=64, n_layers=2,
-                       n_loops=2, max_seq_len=64)
+    cfg = LoopLMConfig(
+        vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, ffn_hidden_size=64, n_layers=2, n_loops=2, max_seq_len=64
+    )
     torch.manual_seed(0)
     model = LoopLM(cfg)
     ref_model = LoopLM(cfg.replace(attention_backend="sdpa_per_doc"))
@@ -208,8 +228,11 @@ def test_model_with_documents_on_cpu_auto_small_batch_uses_one_masked_sdpa_call(
     assert isinstance(mask, torch.Tensor) and mask.shape == (doc.shape[0], 1, S, S)
     sdpa_calls = []
     real_sdpa = attn.F.scaled_dot_product_attention
-    monkeypatch.setattr(attn.F, "scaled_dot_product_attention",
-                        lambda *a, **k: sdpa_calls.append(k.get("attn_mask")) or real_sdpa(*a, **k))
+    monkeypatch.setattr(
+        attn.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: sdpa_calls.append(k.get("attn_mask")) or real_sdpa(*a, **k),
+    )
     out = model(x, doc_ids=doc).readouts[-1]
     assert len(sdpa_calls) == cfg.n_layers * cfg.n_loops and all(m is not None for m in sdpa_calls)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -228,8 +251,9 @@ def test_model_with_documents_on_cpu_auto_small_batch_uses_one_masked_sdpa_call(
 def test_rope_per_document_changes_only_rounding_under_the_document_mask():
     """RoPE is relative and no query sees another document, so restarting positions per document gives
     the same outputs (the reason it is off by default); without the document mask it would not."""
-    cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=1, n_loops=2,
-                       max_seq_len=64)
+    cfg = LoopLMConfig(
+        vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=1, n_loops=2, max_seq_len=64
+    )
     torch.manual_seed(0)
     model = LoopLM(cfg)
     per_doc = LoopLM(cfg.replace(rope_per_document=True))

@@ -62,7 +62,7 @@ def test_varlen_is_the_custom_op_and_cu_seqlens_is_dynamic(monkeypatch):
     monkeypatch.setattr(torch.ops.torch_attn, "_varlen_attn", spy)
     q, k, v = qkv(4, 2)
     attn.attention(q, k, v, mask)
-    (query, key, _, cu_q, cu_k, max_q, max_k, is_causal, _, window, gqa, *_), = calls
+    ((query, key, _, cu_q, cu_k, max_q, max_k, is_causal, _, window, gqa, *_),) = calls
     assert query.shape == (DOCS.numel(), 4, 8) and key.shape == (DOCS.numel(), 2, 8)
     assert cu_q is mask.cu_seqlens and cu_k is mask.cu_seqlens and max_q == max_k == S
     assert is_causal and list(window) == [-1, 0] and gqa
@@ -109,8 +109,17 @@ def test_varlen_without_enable_gqa_repeats_kv_heads(monkeypatch):
 
 
 def _models(backend):
-    cfg = LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, ffn_hidden_size=64, n_layers=2,
-                       n_loops=3, max_seq_len=64, attention_backend=backend)
+    cfg = LoopLMConfig(
+        vocab_size=V,
+        hidden_size=32,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden_size=64,
+        n_layers=2,
+        n_loops=3,
+        max_seq_len=64,
+        attention_backend=backend,
+    )
     torch.manual_seed(0)
     model, ref = LoopLM(cfg), LoopLM(cfg.replace(attention_backend="sdpa"))
     ref.load_state_dict(model.state_dict())
@@ -146,8 +155,9 @@ def test_compiled_looped_layer_fullgraph_no_recompiles_across_loops_and_document
     assert res["graphs_after_all"] == res["graphs_after_first_step"], res
     assert res["ok"]
     for doc in OTHER_DOCS:
-        torch.testing.assert_close(model(x, 4, doc_ids=doc).readouts[-1], ref(x, 4, doc_ids=doc).readouts[-1],
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            model(x, 4, doc_ids=doc).readouts[-1], ref(x, 4, doc_ids=doc).readouts[-1], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_fullgraph_check_sees_recompiles_and_graph_breaks(monkeypatch):

@@ -9,8 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _report(*args):
-    return subprocess.run([sys.executable, "-m", "benchmarks.report", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.report", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_benchmarks_md_matches_committed_results():
@@ -21,9 +22,15 @@ def test_benchmarks_md_matches_committed_results():
 def _write(tmp_path, **over):
     res = tmp_path / "results"
     res.mkdir(exist_ok=True)
-    data = {"title": "T", "command": "python benchmarks/x.py", "date": "2026-11-23", "machine": "cpu",
-            "summary": [{"row": "ratio", "measured": 0.3, "target": "<= 0.25", "met": False}],
-            "tables": [{"columns": ["a", "b"], "rows": [[1, 2.5]]}], **over}
+    data = {
+        "title": "T",
+        "command": "python benchmarks/x.py",
+        "date": "2026-11-23",
+        "machine": "cpu",
+        "summary": [{"row": "ratio", "measured": 0.3, "target": "<= 0.25", "met": False}],
+        "tables": [{"columns": ["a", "b"], "rows": [[1, 2.5]]}],
+        **over,
+    }
     (res / "x.json").write_text(json.dumps(data))
     return res
 
@@ -45,7 +52,8 @@ def test_generator_refuses_met_that_contradicts_the_numbers(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: benchmark result x.json: summary[0] ('stall') says met=True but measured 0.484 vs target "
-        "'<= 0.25' gives False"]
+        "'<= 0.25' gives False"
+    ]
 
 
 def test_generator_refuses_ragged_tables(tmp_path):

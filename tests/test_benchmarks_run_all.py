@@ -12,13 +12,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_run_all_tiny_writes_every_row(tmp_path):
-    proc = subprocess.run([sys.executable, "benchmarks/run_all.py", "--tiny", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run_all.py", "--tiny", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     combined = json.loads((tmp_path / "all.json").read_text())
-    assert set(combined["results"]) == {"loop_efficiency", "loss_memory", "activation_checkpointing",
-                                        "communication", "data_loader", "checkpoint", "scaling_on_paper",
-                                        "document_masking"}
+    assert set(combined["results"]) == {
+        "loop_efficiency",
+        "loss_memory",
+        "activation_checkpointing",
+        "communication",
+        "data_loader",
+        "checkpoint",
+        "scaling_on_paper",
+        "document_masking",
+    }
     eff = combined["results"]["loop_efficiency"]
     assert len(eff["rows"]) == 4 and {r["ce_backward"] for r in eff["rows"]} == {"fused", "recompute"}
     # T=4 loops of 2 layers with a readout per loop cost more FLOPs per token than 8 dense layers and one head
@@ -32,6 +44,11 @@ def test_run_all_tiny_writes_every_row(tmp_path):
 
 
 def test_run_all_rejects_unknown_names():
-    proc = subprocess.run([sys.executable, "benchmarks/run_all.py", "--only", "nope"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run_all.py", "--only", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown benchmark(s) ['nope']" in proc.stderr

@@ -39,8 +39,9 @@ def test_time_repeated_alternates_and_summarizes():
 
 def test_loss_memory_smoke(tmp_path, capsys):
     out = tmp_path / "loss_memory.json"
-    loss_memory.main(["--vocab", "8192", "--hidden", "32", "--layers", "1", "--seq-len", "64", "--batch", "2",
-                      "--out", str(out)])
+    loss_memory.main(
+        ["--vocab", "8192", "--hidden", "32", "--layers", "1", "--seq-len", "64", "--batch", "2", "--out", str(out)]
+    )
     res = json.loads(out.read_text())
     assert {r["variant"] for r in res["rows"]} == set(loss_memory.VARIANTS)
     assert res["config"]["vocab"] == 8192 and res["config"]["loops"] == 4

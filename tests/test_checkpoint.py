@@ -38,9 +38,13 @@ def make(run_dir, hidden=32, **cfg):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
     counter = Counter()
-    ckpt = Checkpointer(CheckpointConfig(**{"interval": 2, "keep_latest_k": 2, **cfg}), run_dir,
-                        states={"model": model, "optimizer": opt, "lr_scheduler": sched, "train_state": counter},
-                        config={"hidden": hidden}, stage="unit")
+    ckpt = Checkpointer(
+        CheckpointConfig(**{"interval": 2, "keep_latest_k": 2, **cfg}),
+        run_dir,
+        states={"model": model, "optimizer": opt, "lr_scheduler": sched, "train_state": counter},
+        config={"hidden": hidden},
+        stage="unit",
+    )
     return model, opt, sched, counter, ckpt
 
 
@@ -131,12 +135,15 @@ def _saved(tmp_path):
     return tmp_path / "checkpoints" / "step-00000001"
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("truncate", "is truncated or altered"),
-    ("flip", "is corrupt (crc32 mismatch)"),
-    ("manifest", "titanloop.json is unreadable or corrupt"),
-    ("missing", "is missing"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("truncate", "is truncated or altered"),
+        ("flip", "is corrupt (crc32 mismatch)"),
+        ("manifest", "titanloop.json is unreadable or corrupt"),
+        ("missing", "is missing"),
+    ],
+)
 def test_damaged_checkpoint_one_line_error_run_dir_untouched(tmp_path, damage, message):
     ckpt_dir = _saved(tmp_path)
     data = ckpt_dir / "__0_0.distcp"
@@ -163,8 +170,11 @@ def test_other_model_shape_names_the_tensor(tmp_path):
     _saved(tmp_path)
     before = tree_digest(tmp_path)
     *_, ckpt = make(tmp_path, hidden=48)
-    with pytest.raises(CheckpointError, match=r"tensor 'model/embed_tokens.weight' of shape \(64, 32\), the "
-                                              r"current model has \(64, 48\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'model/embed_tokens.weight' of shape \(64, 32\), the "
+        r"current model has \(64, 48\)",
+    ):
         ckpt.load_latest()
     assert tree_digest(tmp_path) == before
 
@@ -219,6 +229,7 @@ def test_preemption_monitor_flags_signals_and_survives_a_second_one():
 
 def test_preemption_monitor_slurm_time_margin(monkeypatch):
     import time
+
     monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 30))
     assert PreemptionMonitor((), slurm_time_margin_s=60).should_stop(1)
     assert not PreemptionMonitor((), slurm_time_margin_s=5).should_stop(1)

@@ -43,13 +43,26 @@ class Run:
         n = len(list(run_dir.glob("launch-*.log")))
         self.log_path = run_dir / f"launch-{n}.log"
         self.run_dir = run_dir
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(DRIVER),
-               "--run-dir", str(run_dir), *map(str, args)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(DRIVER),
+            "--run-dir",
+            str(run_dir),
+            *map(str, args),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            )
 
     @property
     def log(self) -> str:
@@ -153,11 +166,14 @@ def test_bitwise_resume_after_usr1_term_and_kill(tmp_path):
     assert run.wait() == 0, run.log[-3000:]
     assert run.resumed_from() == fallback
     assert_identical(final_state(run_dir), final_state(tmp_path / "uninterrupted"))
-    n_ckpt = sum(1 for ln in "".join(p.read_text() for p in run_dir.glob("launch-*.log")).splitlines()
-                 if "published" in ln)
+    n_ckpt = sum(
+        1 for ln in "".join(p.read_text() for p in run_dir.glob("launch-*.log")).splitlines() if "published" in ln
+    )
     assert n_ckpt >= 6  # periodic saves + the two preemption saves + the final save
-    print(f"interruptions {events}; {n_ckpt} checkpoints published; resumed from {fallback} after SIGKILL; "
-          "final state identical to the uninterrupted run")
+    print(
+        f"interruptions {events}; {n_ckpt} checkpoints published; resumed from {fallback} after SIGKILL; "
+        "final state identical to the uninterrupted run"
+    )
 
 
 def test_sigkill_during_save_resumes_from_previous_checkpoint(tmp_path):

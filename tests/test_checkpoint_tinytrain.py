@@ -71,17 +71,29 @@ def main() -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = 3
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
-    loader = build_dataloader(DataConfig(kind="synthetic_text", seed=7, prefetch=0), seq_len=32, micro_batch_size=2,
-                              global_batch_size=8, dp_rank=rank, dp_world=world, vocab_size=args.vocab)
+        opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
+    )
+    loader = build_dataloader(
+        DataConfig(kind="synthetic_text", seed=7, prefetch=0),
+        seq_len=32,
+        micro_batch_size=2,
+        global_batch_size=8,
+        dp_rank=rank,
+        dp_world=world,
+        vocab_size=args.vocab,
+    )
     sampler = LoopSampler(LoopSamplerConfig(kind="uniform", min_sampled=1, max_sampled=4, seed=3))
     state = TrainState()
 
-    ckpt = Checkpointer(CheckpointConfig(interval=args.interval, keep_latest_k=args.keep_last,
-                                         keep_every=args.keep_every, mode=args.mode),
-                        run_dir, states={"model": model, "optimizer": opt, "lr_scheduler": sched,
-                                         "dataloader": loader, "train_state": state},
-                        config=vars(args), stage="tinytrain")
+    ckpt = Checkpointer(
+        CheckpointConfig(
+            interval=args.interval, keep_latest_k=args.keep_last, keep_every=args.keep_every, mode=args.mode
+        ),
+        run_dir,
+        states={"model": model, "optimizer": opt, "lr_scheduler": sched, "dataloader": loader, "train_state": state},
+        config=vars(args),
+        stage="tinytrain",
+    )
     monitor = PreemptionMonitor(("SIGUSR1", "SIGTERM"))
     resumed = ckpt.load_latest()
     if rank == 0:
@@ -117,16 +129,22 @@ def main() -> int:
             ckpt.save(step, sync=True)
             ckpt.close()
             if rank == 0:
-                print(f"preempted at step {step} ({monitor.reason}); signals seen {len(monitor.received)}",
-                      flush=True)
+                print(f"preempted at step {step} ({monitor.reason}); signals seen {len(monitor.received)}", flush=True)
             dist.destroy_process_group()
             return EXIT_CODE_PREEMPTED
 
     ckpt.save(state.step, sync=True)
     ckpt.close()
     if rank == 0:
-        torch.save({"model": model.state_dict(), "optimizer": ckpt.states["optimizer"].state_dict(),
-                    "losses": state.losses, "lr": sched.get_last_lr()}, run_dir / "final.pt")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": ckpt.states["optimizer"].state_dict(),
+                "losses": state.losses,
+                "lr": sched.get_last_lr(),
+            },
+            run_dir / "final.pt",
+        )
         print("done", flush=True)
     dist.destroy_process_group()
     return 0

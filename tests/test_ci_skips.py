@@ -11,7 +11,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
-SAMPLE = '''
+SAMPLE = """
 import pytest
 
 def test_passes():
@@ -19,22 +19,29 @@ def test_passes():
 
 def test_skipped_{kind}():
     pytest.skip("{reason}")
-'''
+"""
 
 
 def run_pytest(tmp_path: Path, reason: str, ci: str | None, module_level: bool = False):
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     if module_level:
-        body = (f'import pytest\npytest.importorskip("no_such_module_xyz", reason="{reason}")\n\n'
-                'def test_x():\n    pass\n')
+        body = (
+            f'import pytest\npytest.importorskip("no_such_module_xyz", reason="{reason}")\n\ndef test_x():\n    pass\n'
+        )
     else:
         body = SAMPLE.format(kind="one", reason=reason)
     (tmp_path / "test_sample.py").write_text(body)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("module_level", [False, True])

@@ -8,9 +8,19 @@ RAMP = BatchRamp(start=4, end=16, ramp_steps=6, increment=4)
 
 def _steps(dp_world: int, n_steps: int, state=None):
     """Global sample ids per optimizer step, gathered over all ranks (ranks simulated in one process)."""
-    loaders = [build_dataloader(DataConfig(kind="synthetic_text", prefetch=0), seq_len=16, micro_batch_size=2,
-                                global_batch_size=RAMP.end, dp_rank=r, dp_world=dp_world, vocab_size=64,
-                                batch_schedule=RAMP.batch_at) for r in range(dp_world)]
+    loaders = [
+        build_dataloader(
+            DataConfig(kind="synthetic_text", prefetch=0),
+            seq_len=16,
+            micro_batch_size=2,
+            global_batch_size=RAMP.end,
+            dp_rank=r,
+            dp_world=dp_world,
+            vocab_size=64,
+            batch_schedule=RAMP.batch_at,
+        )
+        for r in range(dp_world)
+    ]
     if state is not None:
         for ld in loaders:
             ld.load_state_dict(state)

@@ -17,9 +17,12 @@ SEQ, MBS, GBS, STEPS = 16, 2, 8, 5
 def data_config(shards):
     from titanloop.data import DataConfig, SourceConfig
 
-    return DataConfig(kind="webdataset", seed=11, shuffle_block=4,
-                      sources=[SourceConfig(os.path.join(shards, "a"), 3.0),
-                               SourceConfig(os.path.join(shards, "b"), 1.0)])
+    return DataConfig(
+        kind="webdataset",
+        seed=11,
+        shuffle_block=4,
+        sources=[SourceConfig(os.path.join(shards, "a"), 3.0), SourceConfig(os.path.join(shards, "b"), 1.0)],
+    )
 
 
 def worker(shards: str, out: str) -> None:
@@ -29,8 +32,15 @@ def worker(shards: str, out: str) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    loader = build_dataloader(data_config(shards), seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS,
-                              dp_rank=rank, dp_world=world, vocab_size=512)
+    loader = build_dataloader(
+        data_config(shards),
+        seq_len=SEQ,
+        micro_batch_size=MBS,
+        global_batch_size=GBS,
+        dp_rank=rank,
+        dp_world=world,
+        vocab_size=512,
+    )
     rows = {}
     for _ in range(STEPS * GBS // (MBS * world)):
         batch = next(loader)
@@ -57,8 +67,19 @@ def test_two_gloo_ranks_then_resume_on_one(tmp_path):
         write_shard_set(str(tmp_path / name), "webdataset", name, docs, tok, shard_bytes=4000)
     out = tmp_path / "ranks.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           os.path.abspath(__file__), "--shards", str(tmp_path), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.abspath(__file__),
+        "--shards",
+        str(tmp_path),
+        "--out",
+        str(out),
+    ]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = json.loads(out.read_text())
@@ -67,8 +88,15 @@ def test_two_gloo_ranks_then_resume_on_one(tmp_path):
     assert not ids0 & ids1 and ids0 | ids1 == set(range(STEPS * GBS))
 
     def single(state=None, steps=2 * STEPS):
-        ld = build_dataloader(data_config(str(tmp_path)), seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS,
-                              dp_rank=0, dp_world=1, vocab_size=512)
+        ld = build_dataloader(
+            data_config(str(tmp_path)),
+            seq_len=SEQ,
+            micro_batch_size=MBS,
+            global_batch_size=GBS,
+            dp_rank=0,
+            dp_world=1,
+            vocab_size=512,
+        )
         if state:
             ld.load_state_dict(state)
         rows = {}

@@ -77,10 +77,28 @@ def free_port() -> int:
 
 
 def launch(config: Path, nproc: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), "-m", "titanloop.train", "--config", str(config)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
-           "WANDB_MODE": "offline"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "titanloop.train",
+        "--config",
+        str(config),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT),
+        "WANDB_MODE": "offline",
+    }
     with open(log, "w") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
@@ -94,8 +112,23 @@ def shard_sets(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e-data")
     corpus = write_sample_corpus(str(root / "raw"), files=2, docs=60, vocab_size=VOCAB)
     for name, fmt in (("fineweb", "mds"), ("nemotron", "webdataset")):
-        tokenize.main(["--tokenizer", corpus["tokenizer"], "--out", str(root / name), "--format", fmt,
-                       "--workers", "1", "--shard-bytes", "6000", "--source", name, corpus[name]])
+        tokenize.main(
+            [
+                "--tokenizer",
+                corpus["tokenizer"],
+                "--out",
+                str(root / name),
+                "--format",
+                fmt,
+                "--workers",
+                "1",
+                "--shard-bytes",
+                "6000",
+                "--source",
+                name,
+                corpus[name],
+            ]
+        )
     return root, corpus["tokenizer"]
 
 
@@ -103,9 +136,20 @@ def test_mixture_trains_on_2_ranks_preempted_resumed_on_1(shard_sets, tmp_path):
     root, tokenizer = shard_sets
     run_dir, trace = tmp_path / "run", tmp_path / "trace"
     config = tmp_path / "mix.toml"
-    config.write_text(CONFIG.format(vocab=VOCAB, run_dir=run_dir, steps=STEPS, seq=SEQ, mbs=MBS, gbs=GBS,
-                                    tokenizer=tokenizer, trace=trace, fineweb=root / "fineweb",
-                                    nemotron=root / "nemotron"))
+    config.write_text(
+        CONFIG.format(
+            vocab=VOCAB,
+            run_dir=run_dir,
+            steps=STEPS,
+            seq=SEQ,
+            mbs=MBS,
+            gbs=GBS,
+            tokenizer=tokenizer,
+            trace=trace,
+            fineweb=root / "fineweb",
+            nemotron=root / "nemotron",
+        )
+    )
 
     first = launch(config, 2, tmp_path / "launch-0.log")
     deadline = time.time() + 240
@@ -117,8 +161,9 @@ def test_mixture_trains_on_2_ranks_preempted_resumed_on_1(shard_sets, tmp_path):
         w.send_signal(signal.SIGUSR1)
     assert first.wait(120) != 0
     log0 = (tmp_path / "launch-0.log").read_text()
-    stop = int(next(ln for ln in log0.splitlines() if "preempted at step" in ln).split("preempted at step")[1]
-               .split()[0])
+    stop = int(
+        next(ln for ln in log0.splitlines() if "preempted at step" in ln).split("preempted at step")[1].split()[0]
+    )
     assert 1 <= stop < STEPS
 
     second = launch(config, 1, tmp_path / "launch-1.log")
@@ -142,11 +187,18 @@ def test_mixture_trains_on_2_ranks_preempted_resumed_on_1(shard_sets, tmp_path):
     # The same samples an uninterrupted single-process loader reads.
     from titanloop.data import DataConfig, SourceConfig, build_dataloader
 
-    cfg = DataConfig(kind="shards", tokenizer=tokenizer, seed=3, shuffle_block=4, prefetch=0,
-                     sources=[SourceConfig(str(root / "fineweb"), 70.0), SourceConfig(str(root / "nemotron"), 30.0)],
-                     trace_samples=str(tmp_path / "reference"))
-    ld = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS, dp_rank=0, dp_world=1,
-                          vocab_size=VOCAB)
+    cfg = DataConfig(
+        kind="shards",
+        tokenizer=tokenizer,
+        seed=3,
+        shuffle_block=4,
+        prefetch=0,
+        sources=[SourceConfig(str(root / "fineweb"), 70.0), SourceConfig(str(root / "nemotron"), 30.0)],
+        trace_samples=str(tmp_path / "reference"),
+    )
+    ld = build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS, dp_rank=0, dp_world=1, vocab_size=VOCAB
+    )
     for _ in range(STEPS * GBS // MBS):
         next(ld)
     ld.close()

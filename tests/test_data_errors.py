@@ -24,8 +24,9 @@ def token_set(path, fmt="mds", n_docs=120, seed=0, tokenizer=TOKENIZER):
 
 def loader(path, fmt="mds", vocab_size=256, **kw):
     cfg = DataConfig(kind=fmt, sources=[SourceConfig(str(path))], shuffle_block=8, prefetch=0, **kw)
-    return build_dataloader(cfg, seq_len=32, micro_batch_size=4, global_batch_size=4, dp_rank=0, dp_world=1,
-                            vocab_size=vocab_size)
+    return build_dataloader(
+        cfg, seq_len=32, micro_batch_size=4, global_batch_size=4, dp_rank=0, dp_world=1, vocab_size=vocab_size
+    )
 
 
 def drain(ld, steps=200):
@@ -46,7 +47,7 @@ def flip_token_bytes(root, info):
 
     raw = (root / info.index).read_bytes()
     idx = ShardIndex.parse_head(raw, "idx")
-    records = ShardIndex.parse_records(raw[idx.head_bytes:])
+    records = ShardIndex.parse_records(raw[idx.head_bytes :])
     at = int(records[int(np.argmin(np.diff(idx.token_start))), 1]) + 2  # payload_off of the shortest document
     with open(root / info.path, "r+b") as f:
         f.seek(at)
@@ -96,8 +97,17 @@ def test_shard_set_from_another_tokenizer_is_refused(tmp_path):
     write_fineweb_parquet(str(tmp_path / "000.parquet"), 30, seed=1)
     train_tokenizer(str(tmp_path / "tok_a.json"), vocab_size=300)
     train_tokenizer(str(tmp_path / "tok_b.json"), vocab_size=280)
-    tokenize.main(["--tokenizer", str(tmp_path / "tok_b.json"), "--out", str(tmp_path / "b"), "--workers", "1",
-                   str(tmp_path / "000.parquet")])
+    tokenize.main(
+        [
+            "--tokenizer",
+            str(tmp_path / "tok_b.json"),
+            "--out",
+            str(tmp_path / "b"),
+            "--workers",
+            "1",
+            str(tmp_path / "000.parquet"),
+        ]
+    )
     with pytest.raises(ShardError) as e:
         loader(tmp_path / "b", vocab_size=512, tokenizer=str(tmp_path / "tok_a.json"))
     one_line(e, "manifest.json", "tokenizer")
@@ -140,7 +150,14 @@ def test_config_mismatches_are_config_errors(tmp_path):
     with pytest.raises(ShardError, match="manifest.json: missing"):
         loader(tmp_path)
     with pytest.raises(ConfigError, match="vocab_size"):
-        build_dataloader(DataConfig(kind="mds", sources=[SourceConfig(str(tmp_path / "s"))]), seq_len=32,
-                         micro_batch_size=1, global_batch_size=1, dp_rank=0, dp_world=1, vocab_size=100)
+        build_dataloader(
+            DataConfig(kind="mds", sources=[SourceConfig(str(tmp_path / "s"))]),
+            seq_len=32,
+            micro_batch_size=1,
+            global_batch_size=1,
+            dp_rank=0,
+            dp_world=1,
+            vocab_size=100,
+        )
     with pytest.raises(ConfigError, match="data.sources"):
         DataConfig(kind="mds")

@@ -14,8 +14,9 @@ SEQ, MBS, GBS = 32, 2, 8
 def make(cfg, rank, world, vocab=512, prefetch=None):
     if prefetch is not None:
         cfg = DataConfig.from_dict({**cfg.to_dict(), "prefetch": prefetch})
-    return build_dataloader(cfg, seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS, dp_rank=rank,
-                            dp_world=world, vocab_size=vocab)
+    return build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS, dp_rank=rank, dp_world=world, vocab_size=vocab
+    )
 
 
 def run_steps(cfg, world, steps, state=None):
@@ -78,8 +79,9 @@ def test_prefetch_matches_synchronous_and_state_counts_steps():
 
 def test_bad_batch_geometry_and_state_are_one_line_errors():
     with pytest.raises(ConfigError, match="global_batch_size"):
-        build_dataloader(DataConfig(), seq_len=8, micro_batch_size=3, global_batch_size=8, dp_rank=0,
-                         dp_world=2, vocab_size=64)
+        build_dataloader(
+            DataConfig(), seq_len=8, micro_batch_size=3, global_batch_size=8, dp_rank=0, dp_world=2, vocab_size=64
+        )
     with pytest.raises(ConfigError, match="data.kind"):
         DataConfig(kind="parquet")
     loader = make(DataConfig(seed=1), 0, 1)

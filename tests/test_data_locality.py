@@ -48,8 +48,16 @@ def test_read_amplification_at_most_1_1_from_1_to_1024_ranks(shard_sets):
     rows, results = {}, {}
     for world in (1, 8, 1024):
         rows[world] = {}
-        results[world] = r = read_amplification(cfg, seq_len=SEQ, global_batch_size=G, world=world, steps=STEPS,
-                                                vocab_size=VOCAB, sources=opened, rows_out=rows[world])
+        results[world] = r = read_amplification(
+            cfg,
+            seq_len=SEQ,
+            global_batch_size=G,
+            world=world,
+            steps=STEPS,
+            vocab_size=VOCAB,
+            sources=opened,
+            rows_out=rows[world],
+        )
         print(f"world {world}: amplification {r['amplification']:.3f}, requests {r['requests']}")
         assert r["rows"] == STEPS * G
         assert r["amplification"] <= 1.1, r

@@ -19,8 +19,10 @@ SEQ = 16
 def band_set(path, band, fmt, n_docs=40):
     """A shard set whose tokens all lie in [100*band + 1, 100*band + 100): rows reveal their source."""
     rng = np.random.default_rng(band)
-    docs = ((np.append(rng.integers(100 * band + 1, 100 * band + 100, int(rng.integers(5, 60))), 0), f"{band}-{i}",
-             0, {}) for i in range(n_docs))
+    docs = (
+        (np.append(rng.integers(100 * band + 1, 100 * band + 100, int(rng.integers(5, 60))), 0), f"{band}-{i}", 0, {})
+        for i in range(n_docs)
+    )
     write_shard_set(str(path), fmt, os.path.basename(str(path)), docs, TOKENIZER, shard_bytes=1500)
 
 
@@ -35,8 +37,9 @@ def mixture(request, tmp_path_factory):
 def make(mixture, rank, world, gbs=20, mbs=5, **kw):
     fmt, sources = mixture
     cfg = DataConfig(kind=fmt, sources=sources, seed=7, shuffle_block=8, **kw)
-    return build_dataloader(cfg, seq_len=SEQ, micro_batch_size=mbs, global_batch_size=gbs, dp_rank=rank,
-                            dp_world=world, vocab_size=1024)
+    return build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=mbs, global_batch_size=gbs, dp_rank=rank, dp_world=world, vocab_size=1024
+    )
 
 
 def test_schedule_proportions_hold_for_every_prefix():
@@ -106,11 +109,13 @@ def test_epochs_cover_every_token_once_in_a_new_order(mixture):
 
     fmt, sources = mixture
     cfg = DataConfig(kind=fmt, sources=sources[2:3], seed=3, shuffle_block=8, prefetch=0)
-    ld = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=1, global_batch_size=4, dp_rank=0, dp_world=1,
-                          vocab_size=1024)
+    ld = build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=1, global_batch_size=4, dp_rank=0, dp_world=1, vocab_size=1024
+    )
     src = ld.sources[0]
-    shards = [decode_shard(fmt, src.fetcher.read(s.path), src.manifest.dtype, s.path).tokens
-              for s in src.manifest.shards]
+    shards = [
+        decode_shard(fmt, src.fetcher.read(s.path), src.manifest.dtype, s.path).tokens for s in src.manifest.shards
+    ]
     n, orders = src.windows, []
     rows = [next(ld)["input_ids"][0].tolist() for _ in range(2 * n)]
     for e in range(2):
@@ -119,7 +124,7 @@ def test_epochs_cover_every_token_once_in_a_new_order(mixture):
         by_window = [rows[e * n + i] for i in np.argsort(windows)]
         order = src._epoch(e)[0]
         stream = np.concatenate([shards[s] for s in order])
-        assert np.concatenate(by_window).tolist() == stream[:n * SEQ].tolist()
+        assert np.concatenate(by_window).tolist() == stream[: n * SEQ].tolist()
         orders.append(order.tolist())
     assert orders[0] != orders[1]
     ld.close()

@@ -59,8 +59,23 @@ def test_tokenize_roundtrip_is_token_exact(corpus, tmp_path, fmt):
     out = str(tmp_path / fmt)
     inputs = [corpus["fineweb"], corpus["nemotron"]]
     workers = "2" if fmt == "webdataset" else "1"  # one multiprocess run is enough (spawn re-imports torch)
-    tokenize.main(["--tokenizer", corpus["tokenizer"], "--out", out, "--format", fmt, "--workers", workers,
-                   "--shard-bytes", "20000", "--source", "mix", *inputs])
+    tokenize.main(
+        [
+            "--tokenizer",
+            corpus["tokenizer"],
+            "--out",
+            out,
+            "--format",
+            fmt,
+            "--workers",
+            workers,
+            "--shard-bytes",
+            "20000",
+            "--source",
+            "mix",
+            *inputs,
+        ]
+    )
     m, shards = read_set(out)
     files = sorted(os.path.join(d, f) for d in inputs for f in os.listdir(d))
     want = expected_documents(corpus, files)
@@ -75,18 +90,22 @@ def test_tokenize_roundtrip_is_token_exact(corpus, tmp_path, fmt):
     # The loader (one lane, stream order) reproduces the token stream of the epoch's shard order exactly,
     # with document ids.
     seq = 64
-    cfg = DataConfig(kind=fmt, sources=[SourceConfig(out)], tokenizer=corpus["tokenizer"], shuffle_block=1,
-                     prefetch=0)
-    loader = build_dataloader(cfg, seq_len=seq, micro_batch_size=1, global_batch_size=1, dp_rank=0,
-                              dp_world=1, vocab_size=400)
-    docs = [s.tokens[a:b] for i in loader.sources[0]._epoch(0)[0]
-            for s in [shards[i]] for a, b in zip(s.doc_starts[:-1], s.doc_starts[1:])]
+    cfg = DataConfig(kind=fmt, sources=[SourceConfig(out)], tokenizer=corpus["tokenizer"], shuffle_block=1, prefetch=0)
+    loader = build_dataloader(
+        cfg, seq_len=seq, micro_batch_size=1, global_batch_size=1, dp_rank=0, dp_world=1, vocab_size=400
+    )
+    docs = [
+        s.tokens[a:b]
+        for i in loader.sources[0]._epoch(0)[0]
+        for s in [shards[i]]
+        for a, b in zip(s.doc_starts[:-1], s.doc_starts[1:])
+    ]
     stream = np.concatenate(docs)
     rows = [next(loader) for _ in range(20)]
     inputs_ = np.concatenate([r["input_ids"].reshape(-1).numpy() for r in rows])
-    assert np.array_equal(inputs_, stream[:len(inputs_)])
+    assert np.array_equal(inputs_, stream[: len(inputs_)])
     labels = np.concatenate([r["labels"].reshape(-1).numpy() for r in rows])
-    assert np.array_equal(labels, stream[1:len(labels) + 1])
+    assert np.array_equal(labels, stream[1 : len(labels) + 1])
     starts = np.cumsum([len(d) for d in docs])  # document starts in the stream (after each EOS)
     first_row_docs = rows[0]["doc_ids"][0].numpy()
     assert np.array_equal(np.flatnonzero(np.diff(first_row_docs)) + 1, starts[starts < seq])
@@ -96,8 +115,19 @@ def test_output_is_independent_of_worker_count(corpus, tmp_path):
     sha = []
     for workers in ("1", "2"):
         out = str(tmp_path / f"w{workers}")
-        tokenize.main(["--tokenizer", corpus["tokenizer"], "--out", out, "--format", "webdataset",
-                       "--workers", workers, corpus["nemotron"]])
+        tokenize.main(
+            [
+                "--tokenizer",
+                corpus["tokenizer"],
+                "--out",
+                out,
+                "--format",
+                "webdataset",
+                "--workers",
+                workers,
+                corpus["nemotron"],
+            ]
+        )
         sha.append([s.sha1 for s in read_set(out)[0].shards])
     assert sha[0] == sha[1]
 
@@ -108,12 +138,23 @@ def test_cli_errors_are_one_line_and_nothing_is_overwritten(corpus, tmp_path):
     (out / "keep.txt").write_text("precious")
     cases = [
         (["--tokenizer", corpus["tokenizer"], "--out", str(out), corpus["fineweb"]], "not empty"),
-        (["--tokenizer", str(tmp_path / "nope.json"), "--out", str(tmp_path / "a"), corpus["fineweb"]],
-         "tokenizer="),
-        (["--tokenizer", corpus["tokenizer"], "--out", str(tmp_path / "b"), str(tmp_path / "missing")],
-         "does not exist"),
-        (["--tokenizer", corpus["tokenizer"], "--out", str(tmp_path / "c"), "--eos-token", "<nope>",
-          corpus["fineweb"]], "eos_token"),
+        (["--tokenizer", str(tmp_path / "nope.json"), "--out", str(tmp_path / "a"), corpus["fineweb"]], "tokenizer="),
+        (
+            ["--tokenizer", corpus["tokenizer"], "--out", str(tmp_path / "b"), str(tmp_path / "missing")],
+            "does not exist",
+        ),
+        (
+            [
+                "--tokenizer",
+                corpus["tokenizer"],
+                "--out",
+                str(tmp_path / "c"),
+                "--eos-token",
+                "<nope>",
+                corpus["fineweb"],
+            ],
+            "eos_token",
+        ),
     ]
     for argv, needle in cases:
         with pytest.raises(SystemExit) as e:
@@ -124,23 +165,40 @@ def test_cli_errors_are_one_line_and_nothing_is_overwritten(corpus, tmp_path):
 
 
 def test_stats_and_synthetic_cli(tmp_path, capsys):
-    synthetic.main(["--task", "addition", "--out", str(tmp_path / "add"), "--format", "webdataset",
-                    "--train-docs", "300", "--eval-examples", "50", "--option", "n_digits=3"])
-    stats.main([str(tmp_path / "add/train"), str(tmp_path / "add/eval"), "--verify", "--json",
-                str(tmp_path / "s.json")])
+    synthetic.main(
+        [
+            "--task",
+            "addition",
+            "--out",
+            str(tmp_path / "add"),
+            "--format",
+            "webdataset",
+            "--train-docs",
+            "300",
+            "--eval-examples",
+            "50",
+            "--option",
+            "n_digits=3",
+        ]
+    )
+    stats.main(
+        [str(tmp_path / "add/train"), str(tmp_path / "add/eval"), "--verify", "--json", str(tmp_path / "s.json")]
+    )
     table = capsys.readouterr().out
     assert "addition-train" in table and "addition-eval" in table
     report = json.loads((tmp_path / "s.json").read_text())
     assert report["sets"][0]["documents"] == 300 and report["sets"][1]["documents"] == 50
     # prompt tokens are not targets when the task is read back from shards
     cfg = DataConfig(kind="webdataset", sources=[SourceConfig(str(tmp_path / "add/train"))], prefetch=0)
-    batch = next(build_dataloader(cfg, seq_len=48, micro_batch_size=2, global_batch_size=2, dp_rank=0,
-                                  dp_world=1, vocab_size=64))
+    batch = next(
+        build_dataloader(cfg, seq_len=48, micro_batch_size=2, global_batch_size=2, dp_rank=0, dp_world=1, vocab_size=64)
+    )
     assert (batch["labels"] == -100).float().mean() > 0.4
 
 
 @pytest.mark.parametrize("tool", ["tokenize", "synthetic", "stats", "sample_corpus"])
 def test_cli_help(tool):
-    r = subprocess.run([sys.executable, "-m", f"data_pipelines.{tool}", "--help"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", f"data_pipelines.{tool}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "usage: python -m data_pipelines." in r.stdout

@@ -51,10 +51,31 @@ def s3(tmp_path_factory):
     root = tmp_path_factory.mktemp("s3")
     corpus = write_sample_corpus(str(root / "raw"), files=2, docs=40, vocab_size=VOCAB)
     for out in (str(root / "local"), "s3://corpus/shards/fineweb"):
-        tokenize.main(["--tokenizer", corpus["tokenizer"], "--out", out, "--format", "mds", "--workers", "1",
-                       "--shard-bytes", "6000", "--source", "fineweb", corpus["fineweb"]])
-    yield {"endpoint": endpoint, "env": env, "local": str(root / "local"), "remote": "s3://corpus/shards/fineweb",
-           "tokenizer": corpus["tokenizer"], "root": root}
+        tokenize.main(
+            [
+                "--tokenizer",
+                corpus["tokenizer"],
+                "--out",
+                out,
+                "--format",
+                "mds",
+                "--workers",
+                "1",
+                "--shard-bytes",
+                "6000",
+                "--source",
+                "fineweb",
+                corpus["fineweb"],
+            ]
+        )
+    yield {
+        "endpoint": endpoint,
+        "env": env,
+        "local": str(root / "local"),
+        "remote": "s3://corpus/shards/fineweb",
+        "tokenizer": corpus["tokenizer"],
+        "root": root,
+    }
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -70,8 +91,15 @@ def cfg(path, **kw):
 def read(path, world, steps, state=None):
     rows, states = {}, []
     for rank in range(world):
-        ld = build_dataloader(cfg(path), seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS, dp_rank=rank,
-                              dp_world=world, vocab_size=VOCAB)
+        ld = build_dataloader(
+            cfg(path),
+            seq_len=SEQ,
+            micro_batch_size=MBS,
+            global_batch_size=GBS,
+            dp_rank=rank,
+            dp_world=world,
+            vocab_size=VOCAB,
+        )
         if state:
             ld.load_state_dict(state)
         for _ in range(steps * GBS // (MBS * world)):
@@ -93,20 +121,59 @@ def test_s3_reads_and_resumes_the_same_samples_as_local_disk(s3):
 @pytest.mark.slow
 def test_torchrun_trains_from_s3_on_the_local_samples(s3, tmp_path):
     trace = tmp_path / "trace"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "titanloop.train", "--config", "train_configs/debug.toml",
-           "--training.steps", "3", "--training.seq_len", str(SEQ), "--training.micro_batch_size", str(MBS),
-           "--training.global_batch_size", str(GBS), "--model.vocab_size", str(VOCAB), "--data.kind", "mds",
-           "--data.seed", "2", "--data.shuffle_block", "4", "--data.trace_samples", str(trace),
-           "--data.sources", f"[{{path = \"{s3['remote']}\"}}]", "--training.run_dir", str(tmp_path / "run"),
-           "--metrics.log_freq", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "titanloop.train",
+        "--config",
+        "train_configs/debug.toml",
+        "--training.steps",
+        "3",
+        "--training.seq_len",
+        str(SEQ),
+        "--training.micro_batch_size",
+        str(MBS),
+        "--training.global_batch_size",
+        str(GBS),
+        "--model.vocab_size",
+        str(VOCAB),
+        "--data.kind",
+        "mds",
+        "--data.seed",
+        "2",
+        "--data.shuffle_block",
+        "4",
+        "--data.trace_samples",
+        str(trace),
+        "--data.sources",
+        f'[{{path = "{s3["remote"]}"}}]',
+        "--training.run_dir",
+        str(tmp_path / "run"),
+        "--metrics.log_freq",
+        "1",
+    ]
     env = {**os.environ, **s3["env"], "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     trained = [json.loads(ln) for ln in (trace / "rank-0.jsonl").read_text().splitlines()]
     ref_dir = tmp_path / "reference"
-    ld = build_dataloader(cfg(s3["local"], trace_samples=str(ref_dir)), seq_len=SEQ, micro_batch_size=MBS,
-                          global_batch_size=GBS, dp_rank=0, dp_world=1, vocab_size=VOCAB)
+    ld = build_dataloader(
+        cfg(s3["local"], trace_samples=str(ref_dir)),
+        seq_len=SEQ,
+        micro_batch_size=MBS,
+        global_batch_size=GBS,
+        dp_rank=0,
+        dp_world=1,
+        vocab_size=VOCAB,
+    )
     for _ in range(3 * GBS // MBS):
         next(ld)
     ld.close()
@@ -155,8 +222,15 @@ def test_transient_errors_are_retried_then_reported_in_one_line(s3):
 def test_missing_bucket_and_bad_credentials_are_one_line_errors(s3, monkeypatch):
     def error(path, **kw):
         with pytest.raises(ShardError) as e:
-            build_dataloader(cfg(path, **kw), seq_len=SEQ, micro_batch_size=MBS, global_batch_size=GBS,
-                             dp_rank=0, dp_world=1, vocab_size=VOCAB)
+            build_dataloader(
+                cfg(path, **kw),
+                seq_len=SEQ,
+                micro_batch_size=MBS,
+                global_batch_size=GBS,
+                dp_rank=0,
+                dp_world=1,
+                vocab_size=VOCAB,
+            )
         assert "\n" not in str(e.value)
         return str(e.value)
 

@@ -8,12 +8,19 @@ from titanloop.config_errors import ConfigError
 from titanloop.data import DataConfig, build_dataloader
 from titanloop.data.synthetic_tasks import TaskSource, answer_accuracy, build_task, eval_batches, eval_examples
 
-TASKS = {"mano": {"max_ops": 4}, "addition": {"n_digits": 3}, "xor": {"n_bits": 12, "eval_n_bits": 16},
-         "chain": {}, "multihop": {}, "compose": {}}
+TASKS = {
+    "mano": {"max_ops": 4},
+    "addition": {"n_digits": 3},
+    "xor": {"n_bits": 12, "eval_n_bits": 16},
+    "chain": {},
+    "multihop": {},
+    "compose": {},
+}
 
 
 def prefix_eval(words, p=23):
     """Independent evaluator of a prefix expression over F_p."""
+
     def go(i):
         w = words[i]
         if w in "+-*":
@@ -21,6 +28,7 @@ def prefix_eval(words, p=23):
             b, i = go(i)
             return {"+": a + b, "-": a - b, "*": a * b}[w] % p, i
         return int(w), i + 1
+
     value, end = go(0)
     assert end == len(words)
     return value
@@ -59,8 +67,9 @@ def check_answer(task, prompt, answer):
         for layer in range(task.n_layers - 1):
             for i in range(task.layer_size):
                 for r in range(task.n_relations):
-                    facts[(task.people[layer * task.layer_size + i], task.relations[r])] = \
-                        task.people[int(task.edges[layer, i, r])]
+                    facts[(task.people[layer * task.layer_size + i], task.relations[r])] = task.people[
+                        int(task.edges[layer, i, r])
+                    ]
         rels = [w for w in words if w.startswith("r")]
         person = words[words.index("?") - 1]
         for r in reversed(rels):  # "the r3 of the r2 of the r1 of p"
@@ -157,8 +166,9 @@ def test_answer_accuracy_scores_eval_batches(name):
 
 def test_packed_training_rows_score_per_example():
     cfg = DataConfig(kind="synthetic_task", task="addition", task_options={"n_digits": 2}, prefetch=0)
-    ld = build_dataloader(cfg, seq_len=64, micro_batch_size=2, global_batch_size=2, dp_rank=0, dp_world=1,
-                          vocab_size=32)
+    ld = build_dataloader(
+        cfg, seq_len=64, micro_batch_size=2, global_batch_size=2, dp_rank=0, dp_world=1, vocab_size=32
+    )
     b = next(ld)
     n_examples = sum(len(torch.unique(d[lab != -100])) for d, lab in zip(b["doc_ids"], b["labels"]))
     assert answer_accuracy(b["labels"].clamp(min=0), b["labels"], b["doc_ids"]) == (n_examples, n_examples)

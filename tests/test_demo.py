@@ -12,8 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def fake_report(root: Path, variant: str, seed: int, trained: int, acc: list[float]):
-    points = [{"loops": t, "loss": 2.0 - a, "perplexity": 1.0, "token_accuracy": a, "sequence_accuracy": a}
-              for t, a in zip([1, 2, 4, 8], acc)]
+    points = [
+        {"loops": t, "loss": 2.0 - a, "perplexity": 1.0, "token_accuracy": a, "sequence_accuracy": a}
+        for t, a in zip([1, 2, 4, 8], acc)
+    ]
     path = root / "eval" / f"{variant}_s{seed}" / "report.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"depth_sweep": {"trained_loops": trained, "loops": [1, 2, 4, 8], "points": points}}))
@@ -27,33 +29,56 @@ def test_summary_schema_and_table(tmp_path):
     for seed, (lo, hi) in {3: (0.4, 0.9), 5: (0.45, 0.8)}.items():
         fake_report(tmp_path, "looped", seed, 4, [0.3, 0.6, hi, 0.75])
         fake_report(tmp_path, "baseline", seed, 1, [lo, 0.2, 0.1, 0.1])
-    proc = subprocess.run([sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,5"], cwd=REPO,
-                          capture_output=True, text=True, check=False, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,5"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary == {"metric": "accuracy", "seeds": [3, 5], "looped": {"T": 4, "heldout": [0.9, 0.8]},
-                       "baseline": {"T": 1, "heldout": [0.4, 0.45]}}
+    assert summary == {
+        "metric": "accuracy",
+        "seeds": [3, 5],
+        "looped": {"T": 4, "heldout": [0.9, 0.8]},
+        "baseline": {"T": 1, "heldout": [0.4, 0.45]},
+    }
     assert "+42.5 points" in proc.stdout and (tmp_path / "depth_curve.png").stat().st_size > 1000
     curves = json.loads((tmp_path / "loss_curves.json").read_text())
     assert curves["looped"]["3"] == {"step": [1, 2], "ce": [[2.0, 1.0, 2 / 3, 0.5], [1.0, 0.5, 1 / 3, 0.25]]}
     assert curves["baseline"]["5"] == {"step": [1, 2], "ce": [[2.0], [1.0]]}
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000
     assert "1.000 0.500 0.333 0.250; 1.000" in proc.stdout  # final per-loop CE, looped and baseline
-    missing = subprocess.run([sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,7"], cwd=REPO,
-                             capture_output=True, text=True, check=False, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,7"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert missing.returncode != 0 and "looped_s7/report.json is missing" in missing.stderr
 
 
 def test_demo_rejects_bad_seeds_before_setup():
-    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True,
-                          check=False, timeout=60)
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True, check=False, timeout=60
+    )
     assert proc.returncode == 2 and "--seeds '0,x' is invalid" in proc.stderr
 
 
 def test_demo_rejects_a_foreign_out_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
-    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0", "--out", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, check=False, timeout=600)
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "--seeds", "0", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert proc.returncode == 2 and "holds no demo run" in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
@@ -65,8 +90,14 @@ def test_demo_looping_pays_for_seed_0(tmp_path):
     accuracy does not fall with depth up to the trained T, and it writes its per-loop training-CE curves.
     README.md quotes the recorded multi-seed run (experiments/demo_recorded)."""
     out = tmp_path / "demo"
-    proc = subprocess.run(["bash", "scripts/demo.sh", "--seeds", "0", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, check=False, timeout=1800)
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "--seeds", "0", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     summary = json.loads((out / "summary.json").read_text())
     looped, baseline = summary["looped"]["heldout"][0], summary["baseline"]["heldout"][0]

@@ -53,16 +53,16 @@ def readme_launches() -> list[tuple[str, str, int, list[str]]]:
                 if w.startswith("--nodes="):
                     nodes = int(w.split("=", 1)[1])
             config = re.search(r"^STAGE_CONFIG=(\S+)", text, re.M).group(1)
-            out.append((cmd, config, nodes * _sbatch_directive(text, r"--gres=gpu:(\d+)"), words[i + 1:]))
+            out.append((cmd, config, nodes * _sbatch_directive(text, r"--gres=gpu:(\d+)"), words[i + 1 :]))
         elif words[:3] == ["python", "-m", "titanloop.train"] and "--dry-run" in words:
             i = words.index("--config")
-            rest = [w for w in words[i + 2:] if w not in ("--dry-run", "--memory-plan")]
+            rest = [w for w in words[i + 2 :] if w not in ("--dry-run", "--memory-plan")]
             j = rest.index("--world-size")
-            out.append((cmd, words[i + 1], int(rest[j + 1]), rest[:j] + rest[j + 2:]))
+            out.append((cmd, words[i + 1], int(rest[j + 1]), rest[:j] + rest[j + 2 :]))
         elif words[0] == "torchrun" and "titanloop.train" in words:
             opts = dict(zip(words, words[1:]))
             i = words.index("--config")
-            out.append((cmd, words[i + 1], int(opts["--nnodes"]) * int(opts["--nproc_per_node"]), words[i + 2:]))
+            out.append((cmd, words[i + 1], int(opts["--nnodes"]) * int(opts["--nproc_per_node"]), words[i + 2 :]))
     return out
 
 
@@ -70,10 +70,18 @@ def test_launch_lists_are_read():
     """The parsers above find what the repo ships (so the dry-run test below cannot pass vacuously)."""
     names = {name for name, *_ in slurm_launches()}
     # a script's own overrides are part of what it launches (the DeepSpeed script sets the engine this way)
-    assert {"--parallelism.engine", "deepspeed"} <= {w for name, _, _, over in slurm_launches() for w in over
-                                                     if name == "deepspeed_zero3.sh"}
-    assert {"stage1a.sh", "stage1b_1p4b.sh", "stage1b_2p6b_upcycle.sh", "stage2_ct_anneal.sh", "stage3_longct.sh",
-            "stage4_midtrain.sh", "gate_stage2.sh"} <= names
+    assert {"--parallelism.engine", "deepspeed"} <= {
+        w for name, _, _, over in slurm_launches() for w in over if name == "deepspeed_zero3.sh"
+    }
+    assert {
+        "stage1a.sh",
+        "stage1b_1p4b.sh",
+        "stage1b_2p6b_upcycle.sh",
+        "stage2_ct_anneal.sh",
+        "stage3_longct.sh",
+        "stage4_midtrain.sh",
+        "gate_stage2.sh",
+    } <= names
     readme = readme_launches()
     assert any(size == 256 and "--training.global_batch_size" in over for _, _, size, over in readme)
     assert sum(cmd.startswith("sbatch") for cmd, *_ in readme) >= 2
@@ -86,9 +94,18 @@ def _qwen25_3b_config(tmp_path: Path) -> str:
     slurm/ouroboros_retrofit.sh reads; the weights are never touched on the meta device."""
     from transformers import Qwen2Config
 
-    Qwen2Config(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
-                rms_norm_eps=1e-6, tie_word_embeddings=True).save_pretrained(tmp_path)
+    Qwen2Config(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)
     return str(tmp_path)
 
 
@@ -123,10 +140,15 @@ def test_dry_run_command_line():
     """The exact command of the docs: exit 0 with the plan; a bad world size: exit 2 and one line."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "titanloop.train", "--config", "train_configs/stage1a.toml", "--dry-run"]
-    ok = subprocess.run(cmd + ["--world-size", "128"], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
+    ok = subprocess.run(cmd + ["--world-size", "128"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "mesh dp_shard 128 x tp 1" in ok.stdout and "grad accum 4..8" in ok.stdout
-    bad = subprocess.run(cmd + ["--world-size", "96", "--parallelism.tp", "8"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        cmd + ["--world-size", "96", "--parallelism.tp", "8"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr

@@ -37,11 +37,29 @@ from test_parallel_layouts import DEBUG, REPO, env
 
 pytestmark = pytest.mark.slow
 STEPS, NAN_STEP = 20, 7
-COMMON = ["--training.steps", str(STEPS), "--metrics.log_freq", "1", "--training.inject_nan_steps", f"[{NAN_STEP}]",
-          "--checkpoint.enable", "true", "--checkpoint.interval", "10"]
-ZERO = {2: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "2", "--parallelism.zero_offload",
-            "optimizer"],
-        3: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"]}
+COMMON = [
+    "--training.steps",
+    str(STEPS),
+    "--metrics.log_freq",
+    "1",
+    "--training.inject_nan_steps",
+    f"[{NAN_STEP}]",
+    "--checkpoint.enable",
+    "true",
+    "--checkpoint.interval",
+    "10",
+]
+ZERO = {
+    2: [
+        "--parallelism.engine",
+        "deepspeed",
+        "--parallelism.zero_stage",
+        "2",
+        "--parallelism.zero_offload",
+        "optimizer",
+    ],
+    3: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"],
+}
 # relative tolerances, see the module docstring
 LOSS_1_10, NORM_1_10, LOSS_11_20, MEAN_LOSS, MEAN_NORM = 1e-4, 2e-3, 3e-2, 1e-2, 0.3
 # Cross-engine resume at step 10 (relative, every step 11-20; see assert_resumes). Measured 2026-11-25 both ways:
@@ -51,8 +69,21 @@ RESUME_LOSS, RESUME_NORM = 1e-6, 1e-4
 
 
 def cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-            "titanloop.train", "--config", DEBUG, *COMMON, "--training.run_dir", str(run_dir), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "titanloop.train",
+        "--config",
+        DEBUG,
+        *COMMON,
+        "--training.run_dir",
+        str(run_dir),
+        *extra,
+    ]
 
 
 def launch(run_dir: Path, *extra: str) -> str:
@@ -70,8 +101,9 @@ def preempt(run_dir: Path, at_step: int, *extra: str) -> str:
     """Launch, send SIGUSR1 to the workers once `at_step` is logged, wait for the preemption exit."""
     import psutil
 
-    proc = subprocess.Popen(cmd(run_dir, *extra), cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd(run_dir, *extra), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     jsonl, deadline = run_dir / "metrics.jsonl", time.time() + 240
     while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= at_step - 1):  # NAN_STEP is not logged
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-4000:]
@@ -136,8 +168,10 @@ def resume_diffs(got: dict, ref: dict) -> tuple[list[float], list[float]]:
     """Relative loss and grad-norm differences of a run resumed at step 10 from the reference, steps 11-20."""
     assert sorted(got) == list(range(11, STEPS + 1))  # resumed at step 10, not restarted
     steps = range(11, STEPS + 1)
-    return ([rel(got[s]["loss"], ref[s]["loss"]) for s in steps],
-            [rel(got[s]["grad_norm"], ref[s]["grad_norm"]) for s in steps])
+    return (
+        [rel(got[s]["loss"], ref[s]["loss"]) for s in steps],
+        [rel(got[s]["grad_norm"], ref[s]["grad_norm"]) for s in steps],
+    )
 
 
 def assert_resumes(got: dict, ref: dict, label: str) -> None:
@@ -145,8 +179,10 @@ def assert_resumes(got: dict, ref: dict, label: str) -> None:
     bitwise equal; every later step differs only by the engines' last-bit rounding, within RESUME_LOSS /
     RESUME_NORM (100x tighter than the engines' parity from step 1, since both start from the same state)."""
     dl, dg = resume_diffs(got, ref)
-    print(f"{label}: relative loss differences steps 11-20 {[f'{d:.1e}' for d in dl]}; "
-          f"grad norm {[f'{d:.1e}' for d in dg]}")
+    print(
+        f"{label}: relative loss differences steps 11-20 {[f'{d:.1e}' for d in dl]}; "
+        f"grad norm {[f'{d:.1e}' for d in dg]}"
+    )
     assert got[11]["loss"] == ref[11]["loss"], (got[11], ref[11])
     assert max(dl) <= RESUME_LOSS and max(dg) <= RESUME_NORM, (dl, dg)
 
@@ -170,8 +206,10 @@ def assert_parity(got: dict, ref: dict, steps) -> list[str]:
             assert dl <= LOSS_11_20, f"step {step}: {rows[-1]}"
             late.append(step)
     if late:
+
         def mean(d, k):
             return sum(d[s][k] for s in late) / len(late)
+
         ml, mg = rel(mean(got, "loss"), mean(ref, "loss")), rel(mean(got, "grad_norm"), mean(ref, "grad_norm"))
         rows.append(f"means over steps {late[0]}-{late[-1]}: loss {ml:.1e} grad_norm {mg:.1e}")
         assert ml <= MEAN_LOSS and mg <= MEAN_NORM, rows[-1]
@@ -247,21 +285,44 @@ def test_cross_engine_resume_without_the_adam_state_fails_the_bound(runs):
 
 
 def test_tensor_parallel_is_refused_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "titanloop.train", "--config", DEBUG, "--parallelism.engine",
-                           "deepspeed", "--parallelism.tp", "2"], cwd=REPO, env={**env(), "WORLD_SIZE": "2"},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanloop.train",
+            "--config",
+            DEBUG,
+            "--parallelism.engine",
+            "deepspeed",
+            "--parallelism.tp",
+            "2",
+        ],
+        cwd=REPO,
+        env={**env(), "WORLD_SIZE": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: parallelism.tp=2 is invalid: expected 1 with parallelism.engine="
-                                   "'deepspeed' (ZeRO is data-parallel only; use engine='fsdp2' for tensor "
-                                   "parallelism)")
+    assert proc.stderr.strip() == (
+        "error: parallelism.tp=2 is invalid: expected 1 with parallelism.engine="
+        "'deepspeed' (ZeRO is data-parallel only; use engine='fsdp2' for tensor "
+        "parallelism)"
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["--parallelism.zero_stage", "1"], "parallelism.zero_stage=1 is invalid: expected one of 2, 3"),
-    (["--parallelism.zero_offload", "optimizer+params"], "parallelism.zero_offload='optimizer+params' is invalid"),
-    (["--parallelism.compile", "true"], "parallelism.compile=True is invalid: expected false with parallelism.engine"),
-    (["--parallelism.zero_stage", "3", "--objective.jsrr_weight", "0.1"], "objective.jsrr_weight=0.1 is invalid"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--parallelism.zero_stage", "1"], "parallelism.zero_stage=1 is invalid: expected one of 2, 3"),
+        (["--parallelism.zero_offload", "optimizer+params"], "parallelism.zero_offload='optimizer+params' is invalid"),
+        (
+            ["--parallelism.compile", "true"],
+            "parallelism.compile=True is invalid: expected false with parallelism.engine",
+        ),
+        (["--parallelism.zero_stage", "3", "--objective.jsrr_weight", "0.1"], "objective.jsrr_weight=0.1 is invalid"),
+    ],
+)
 def test_unsupported_deepspeed_settings_are_one_line_errors(overrides, message):
     from titanloop.config_errors import ConfigError
     from titanloop.train.config import load_config
@@ -280,9 +341,14 @@ def test_slurm_example_config_is_valid():
     script = (REPO / "slurm" / "deepspeed_zero3.sh").read_text()
     config = next(line.split("=", 1)[1] for line in script.splitlines() if line.startswith("STAGE_CONFIG="))
     start = script.index("set -- ")
-    overrides = shlex.split(script[start:script.index('"$@"', start)].replace("\\\n", " "))[2:]
+    overrides = shlex.split(script[start : script.index('"$@"', start)].replace("\\\n", " "))[2:]
     cfg = load_config(REPO / config, overrides, world_size=8)
     assert (cfg.parallelism.engine, cfg.parallelism.zero_stage, cfg.parallelism.zero_offload) == (
-        "deepspeed", 3, "optimizer")
-    assert "srun" in (REPO / "slurm" / "common.sh").read_text() and "torchrun" in (
-        REPO / "slurm" / "launch_node.sh").read_text()
+        "deepspeed",
+        3,
+        "optimizer",
+    )
+    assert (
+        "srun" in (REPO / "slurm" / "common.sh").read_text()
+        and "torchrun" in (REPO / "slurm" / "launch_node.sh").read_text()
+    )

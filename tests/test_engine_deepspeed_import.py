@@ -22,13 +22,41 @@ pytestmark = pytest.mark.slow
 def imported(tmp_path_factory):
     root = tmp_path_factory.mktemp("zero_import")
     ds_dir, run_dir = root / "deepspeed", root / "imported"
-    driver = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(REPO / "tests" / "deepspeed_native_driver.py"), str(ds_dir), "3"], cwd=REPO,
-                            env=env(), capture_output=True, text=True, timeout=300)
+    driver = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "tests" / "deepspeed_native_driver.py"),
+            str(ds_dir),
+            "3",
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert driver.returncode == 0, (driver.stdout + driver.stderr)[-4000:]
-    cli = subprocess.run([sys.executable, "-m", "titanloop.interchange.zero_checkpoint", str(ds_dir), "--config",
-                          DEBUG, "--out", str(run_dir)], cwd=REPO, env=env(), capture_output=True, text=True,
-                         timeout=300)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanloop.interchange.zero_checkpoint",
+            str(ds_dir),
+            "--config",
+            DEBUG,
+            "--out",
+            str(run_dir),
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cli.returncode == 0, (cli.stdout + cli.stderr)[-4000:]
     return ds_dir, run_dir, cli.stdout
 
@@ -71,8 +99,22 @@ def test_upcycle_a_stage_from_the_imported_checkpoint(imported):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "titanloop.interchange.zero_checkpoint", str(tmp_path), "--config",
-                           DEBUG, "--out", str(tmp_path / "out")], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanloop.interchange.zero_checkpoint",
+            str(tmp_path),
+            "--config",
+            DEBUG,
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: deepspeed checkpoint") and "\n" not in proc.stderr.strip()

@@ -17,8 +17,14 @@ def model(**overrides) -> LoopLM:
 PROMPT = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(3))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"n_prelude_layers": 1, "n_coda_layers": 1, "n_kv_heads": 2},
-                                       {"gated_recurrence": True, "per_loop_norm": True}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"n_prelude_layers": 1, "n_coda_layers": 1, "n_kv_heads": 2},
+        {"gated_recurrence": True, "per_loop_norm": True},
+    ],
+)
 def test_full_cache_greedy_equals_recomputation(overrides):
     m = model(**overrides)
     cfg = GenerationConfig(max_new_tokens=8)
@@ -84,7 +90,7 @@ def test_copy_exit_kv_saves_loops_and_is_batch_independent():
     out = generate(m, PROMPT, cfg)
     assert out.loops_run[0] == 4 and min(out.loops_run[1:]) < 4  # prefill runs every loop, decode stops early
     for b in range(PROMPT.shape[0]):  # each sequence alone gives the same tokens as in the batch
-        alone = generate(m, PROMPT[b:b + 1], cfg)
+        alone = generate(m, PROMPT[b : b + 1], cfg)
         assert torch.equal(alone.tokens[0], out.tokens[b])
     # static exit with copy: nothing to copy, identical to compute
     s1 = generate(m, PROMPT, GenerationConfig(max_new_tokens=6, exit_kv="copy"))
@@ -114,8 +120,10 @@ def test_shared_policies_differ_and_combine_as_documented():
     cache.start_decoding()
     torch.testing.assert_close(cache.store[("loop", None, 0)][0], torch.stack(per_loop_k).mean(0))
     assert ("loop", 0, 0) not in cache.store
-    toks = {p: generate(m, PROMPT, GenerationConfig(max_new_tokens=6, cache_policy=p)).new_tokens
-            for p in ("full", "last", "first")}
+    toks = {
+        p: generate(m, PROMPT, GenerationConfig(max_new_tokens=6, cache_policy=p)).new_tokens
+        for p in ("full", "last", "first")
+    }
     assert not torch.equal(toks["first"], toks["full"])  # sharing really changes what decoding attends to
 
 
@@ -124,9 +132,16 @@ def test_prelude_layers_keep_one_cache():
     assert kv_cache_bytes(cfg, 1, 10, 4, "full") / kv_cache_bytes(cfg, 1, 10, 4, "last") == pytest.approx(9 / 3)
 
 
-@pytest.mark.parametrize("kwargs,match", [({"cache_policy": "middle"}, "cache_policy"), ({"q": 1.5}, "q=1.5"),
-                                          ({"exit_policy": "ash"}, "exit_policy"), ({"max_new_tokens": 0}, "max_new"),
-                                          ({"temperature": -1.0}, "temperature")])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"cache_policy": "middle"}, "cache_policy"),
+        ({"q": 1.5}, "q=1.5"),
+        ({"exit_policy": "ash"}, "exit_policy"),
+        ({"max_new_tokens": 0}, "max_new"),
+        ({"temperature": -1.0}, "temperature"),
+    ],
+)
 def test_generate_bad_config(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         generate(model(), PROMPT, GenerationConfig(**kwargs))

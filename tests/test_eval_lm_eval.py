@@ -14,11 +14,13 @@ from titanloop.eval.lm_eval_adapter import ByteTokenizer, TitanloopLM  # noqa: E
 from titanloop.interchange import export_ouro_hf  # noqa: E402
 from titanloop.model import LoopLM, preset  # noqa: E402
 
-DOCS = [{"question": "2+2=", "choices": ["4", "5", "22"], "answer": 0},
-        {"question": "The sky is", "choices": [" blue", " green"], "answer": 0},
-        {"question": "abc", "choices": ["d", "x", "abc"], "answer": 2},
-        {"question": "Cats say", "choices": [" meow", " woof"], "answer": 1},
-        {"question": "1,2,3,", "choices": ["4", "9"], "answer": 0}]
+DOCS = [
+    {"question": "2+2=", "choices": ["4", "5", "22"], "answer": 0},
+    {"question": "The sky is", "choices": [" blue", " green"], "answer": 0},
+    {"question": "abc", "choices": ["d", "x", "abc"], "answer": 2},
+    {"question": "Cats say", "choices": [" meow", " woof"], "answer": 1},
+    {"question": "1,2,3,", "choices": ["4", "9"], "answer": 0},
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +95,21 @@ def test_simple_evaluate_on_local_task(checkpoint, tmp_path):
 
     path, model = checkpoint
     task_dir = write_task(tmp_path)
-    out = simple_evaluate(model="titanloop", model_args=f"pretrained={path},n_loops=3,tokenizer=bytes",
-                          tasks=["tiny_choice"],
-                          task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
-                          batch_size=4, log_samples=False, bootstrap_iters=0)
+    out = simple_evaluate(
+        model="titanloop",
+        model_args=f"pretrained={path},n_loops=3,tokenizer=bytes",
+        tasks=["tiny_choice"],
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+        batch_size=4,
+        log_samples=False,
+        bootstrap_iters=0,
+    )
     acc = out["results"]["tiny_choice"]["acc,none"]
-    expected = sum(max(range(len(d["choices"])), key=lambda i: direct_loglik(model, d["question"], d["choices"][i], 3))
-                   == d["answer"] for d in DOCS) / len(DOCS)
+    expected = sum(
+        max(range(len(d["choices"])), key=lambda i: direct_loglik(model, d["question"], d["choices"][i], 3))
+        == d["answer"]
+        for d in DOCS
+    ) / len(DOCS)
     assert acc == pytest.approx(expected)
 
 

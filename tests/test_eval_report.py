@@ -116,8 +116,9 @@ def test_load_model_from_dcp_checkpoint(tmp_path):
 
 def run_cli(*args, cwd=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "titanloop.eval", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "titanloop.eval", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -125,8 +126,20 @@ def test_cli_sweep_end_to_end(tmp_path):
     export_ouro_hf(tiny_model(), tmp_path / "hf")
     data = tmp_path / "seqs.jsonl"
     data.write_text("\n".join(json.dumps(s) for s in seqs(4)))
-    r = run_cli("sweep", str(tmp_path / "hf"), "--data", str(data), "--out", str(tmp_path / "ev"), "--loops", "1,2,3",
-                "--q", "0,0.5,1", "--jsrr-loops", "2")
+    r = run_cli(
+        "sweep",
+        str(tmp_path / "hf"),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "ev"),
+        "--loops",
+        "1,2,3",
+        "--q",
+        "0,0.5,1",
+        "--jsrr-loops",
+        "2",
+    )
     assert r.returncode == 0, r.stderr
     assert "Pareto frontier" in r.stdout and "pareto.png" in r.stdout
     rep = json.loads((tmp_path / "ev" / "report.json").read_text())

@@ -19,8 +19,18 @@ GATE_BIAS = math.log(0.25 / 0.75)  # λ_t = 0.25 at every loop
 def crafted_model() -> LoopLM:
     """Identity layers (zero o_proj/down_proj), per-loop norm weights c_t, raw readout, inter-loop norm:
     H_t = c_t * u with u = normalize(embed(token)), so the logits at loop t are c_t * onehot(token + 1)."""
-    cfg = LoopLMConfig(vocab_size=V, hidden_size=V, n_heads=2, ffn_hidden_size=8, n_layers=1, n_loops=3,
-                       max_loops=len(SCALES), max_seq_len=64, readout="raw", per_loop_norm=True)
+    cfg = LoopLMConfig(
+        vocab_size=V,
+        hidden_size=V,
+        n_heads=2,
+        ffn_hidden_size=8,
+        n_layers=1,
+        n_loops=3,
+        max_loops=len(SCALES),
+        max_seq_len=64,
+        readout="raw",
+        per_loop_norm=True,
+    )
     m = LoopLM(cfg)
     with torch.no_grad():
         m.embed_tokens.weight.copy_(torch.eye(V) * 3.0)  # any scale: RMSNorm removes it
@@ -58,8 +68,11 @@ def test_depth_sweep_matches_losses_known_by_construction():
 
 
 def test_frontier_and_diagnostics_on_crafted_model():
-    report = evaluate(crafted_model(), counting_data(), EvalConfig(loops=[1, 2, 3], hidden_eps=[1e-3],
-                                                                   jsrr_loops=[1, 2], jsrr_power_steps=3))
+    report = evaluate(
+        crafted_model(),
+        counting_data(),
+        EvalConfig(loops=[1, 2, 3], hidden_eps=[1e-3], jsrr_loops=[1, 2], jsrr_power_steps=3),
+    )
     pts = report["exit_frontier"]["points"]
     by = {(p["strategy"], tuple(sorted(p["param"].items()))): p for p in pts}
     # Q-exit with λ = 0.25 every loop: CDF(t) = 1 - 0.75^t = 0.25, 0.4375, 1 (T = 3)
@@ -87,14 +100,22 @@ def test_frontier_and_diagnostics_on_crafted_model():
 
 def test_radial_fraction_is_tiny_for_rmsnorm_readout():
     m = LoopLM(preset("debug-tiny", vocab_size=64, n_layers=1))
-    report = evaluate(m, [list(range(i, i + 10)) for i in range(4)],
-                      EvalConfig(loops=[1, 2], jsrr_loops=[1], jsrr_power_steps=2))
+    report = evaluate(
+        m, [list(range(i, i + 10)) for i in range(4)], EvalConfig(loops=[1, 2], jsrr_loops=[1], jsrr_power_steps=2)
+    )
     assert all(r["mean_abs"] < 1e-4 for r in report["diagnostics"]["radial_gradient_fraction"])
 
 
-@pytest.mark.parametrize("overrides", [{}, {"readout": "final_only_norm"}, {"n_prelude_layers": 1, "n_coda_layers": 1},
-                                       {"gated_recurrence": True, "inter_loop_norm": False},
-                                       {"per_loop_norm": True, "n_kv_heads": 2}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"readout": "final_only_norm"},
+        {"n_prelude_layers": 1, "n_coda_layers": 1},
+        {"gated_recurrence": True, "inter_loop_norm": False},
+        {"per_loop_norm": True, "n_kv_heads": 2},
+    ],
+)
 def test_iter_loops_matches_forward(overrides):
     m = LoopLM(preset("debug-tiny", vocab_size=64, n_layers=1, **overrides)).eval()
     ids = torch.randint(0, 64, (2, 9))
@@ -110,8 +131,9 @@ def test_iter_loops_matches_forward(overrides):
 def test_exit_rules_on_crafted_trajectories():
     inf = math.inf
     # hidden-state change per loop for 4 tokens, T = 4 (loop 1 has no previous state)
-    hd = torch.tensor([[inf, inf, inf, inf], [0.5, 0.01, 0.5, 0.2], [0.05, 0.3, 0.5, 0.01],
-                       [0.0, 0.0, 0.5, 0.0]]).float()
+    hd = torch.tensor(
+        [[inf, inf, inf, inf], [0.5, 0.01, 0.5, 0.2], [0.05, 0.3, 0.5, 0.01], [0.0, 0.0, 0.5, 0.0]]
+    ).float()
     assert hidden_diff_exit(hd, 0.1).tolist() == [3, 2, 4, 3]
     assert hidden_diff_exit(hd, 0.0).tolist() == [4, 4, 4, 4]  # strict <: never fires, run to T
     # ASH: ||Δp||_1 below eps for m consecutive loops
@@ -135,28 +157,41 @@ def test_q_exit_zero_and_one_give_first_and_last_loop():
 
 
 def test_pareto_front():
-    pts = [{"avg_loops": 1, "loss": 3.0}, {"avg_loops": 2, "loss": 2.0}, {"avg_loops": 2.5, "loss": 2.5},
-           {"avg_loops": 3, "loss": 1.0}, {"avg_loops": 1.5, "loss": 3.5}]
+    pts = [
+        {"avg_loops": 1, "loss": 3.0},
+        {"avg_loops": 2, "loss": 2.0},
+        {"avg_loops": 2.5, "loss": 2.5},
+        {"avg_loops": 3, "loss": 1.0},
+        {"avg_loops": 1.5, "loss": 3.5},
+    ]
     assert pareto_front(pts, "loss", higher_is_better=False) == [0, 1, 3]
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"loops": [0, 2]}, "loops=0 is invalid"),
-    ({"loops": [1, -3]}, "loops=-3 is invalid"),
-    ({"q_thresholds": [0.5, 1.5]}, "q_thresholds=1.5 is invalid"),
-    ({"margin_thresholds": [-0.1]}, "margin_thresholds=-0.1 is invalid"),
-    ({"ash_eps": [3.0]}, "ash_eps=3.0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"loops": [0, 2]}, "loops=0 is invalid"),
+        ({"loops": [1, -3]}, "loops=-3 is invalid"),
+        ({"q_thresholds": [0.5, 1.5]}, "q_thresholds=1.5 is invalid"),
+        ({"margin_thresholds": [-0.1]}, "margin_thresholds=-0.1 is invalid"),
+        ({"ash_eps": [3.0]}, "ash_eps=3.0 is invalid"),
+    ],
+)
 def test_bad_config_one_line_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match) as e:
         evaluate(crafted_model(), counting_data(), EvalConfig(**kwargs))
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("data,match", [([], "dataset is empty"), ([[3]], "at least 2 tokens"),
-                                        ({"input_ids": torch.zeros(1, 4, dtype=torch.long),
-                                          "labels": torch.full((1, 4), -100)}, "dataset is empty"),
-                                        ([[1, 2, 99]], "token id")])
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ([], "dataset is empty"),
+        ([[3]], "at least 2 tokens"),
+        ({"input_ids": torch.zeros(1, 4, dtype=torch.long), "labels": torch.full((1, 4), -100)}, "dataset is empty"),
+        ([[1, 2, 99]], "token id"),
+    ],
+)
 def test_bad_dataset_one_line_errors(data, match):
     with pytest.raises(ConfigError, match=match) as e:
         depth_sweep(crafted_model(), data, loops=[1])

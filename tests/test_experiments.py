@@ -26,8 +26,14 @@ EXPERIMENTS = {  # name -> (plot file, number of result rows in a smoke run, run
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_experiment_smoke(name, tmp_path):
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", f"experiments.{name}", "--smoke", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, check=False, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"experiments.{name}", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plot, n_rows, runs = EXPERIMENTS[name]
     result = json.loads((out / "results.json").read_text())

@@ -46,16 +46,20 @@ def kept_fraction(doc_ids):
     return kept / computed
 
 
-@pytest.mark.parametrize("variant", [
-    dict(),
-    dict(n_kv_heads=2, gated_recurrence=True),
-    dict(n_prelude_layers=1, n_coda_layers=1, tie_embeddings=True),
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(),
+        dict(n_kv_heads=2, gated_recurrence=True),
+        dict(n_prelude_layers=1, n_coda_layers=1, tie_embeddings=True),
+    ],
+)
 @pytest.mark.parametrize("docs", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 def test_flops_per_token_matches_flop_counter(variant, docs, training):
-    cfg = LoopLMConfig(vocab_size=256, hidden_size=64, n_heads=4, ffn_hidden_size=160, n_layers=2, n_loops=3,
-                       max_seq_len=64, **variant)
+    cfg = LoopLMConfig(
+        vocab_size=256, hidden_size=64, n_heads=4, ffn_hidden_size=160, n_layers=2, n_loops=3, max_seq_len=64, **variant
+    )
     doc_ids = torch.tensor([[i for i, n in enumerate(row) for _ in range(n)] for row in DOCS]) if docs else None
     n_loops = 3
     attention, other = counted(cfg, n_loops, doc_ids, training)

@@ -7,9 +7,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, LoopLMConfig
-from titanloop.objectives import (IGNORE_INDEX, ObjectiveConfig, dense_supervision_loss, final_loop_loss,
-                                  fused_per_loop_cross_entropy, loop_objective, per_loop_cross_entropy,
-                                  scale_penalty, stage1_loss, stage2_gate_loss)
+from titanloop.objectives import (
+    IGNORE_INDEX,
+    ObjectiveConfig,
+    dense_supervision_loss,
+    final_loop_loss,
+    fused_per_loop_cross_entropy,
+    loop_objective,
+    per_loop_cross_entropy,
+    scale_penalty,
+    stage1_loss,
+    stage2_gate_loss,
+)
 
 V = 96
 aten = torch.ops.aten
@@ -34,8 +43,11 @@ class MatmulFlops(TorchDispatchMode):
 
 def tiny_model(n_loops: int) -> LoopLM:
     torch.manual_seed(11)
-    model = LoopLM(LoopLMConfig(vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=2,
-                                n_loops=n_loops, max_seq_len=64))
+    model = LoopLM(
+        LoopLMConfig(
+            vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=2, n_loops=n_loops, max_seq_len=64
+        )
+    )
     with torch.no_grad():
         model.early_exit_gate.weight.normal_(std=0.5)  # a non-trivial exit distribution
     return model
@@ -102,6 +114,7 @@ def test_loop_objective_equals_todays_objective_both_paths(kw, n_loops, chunk):
         def fn(out, cfg=cfg):
             loss, stats = loop_objective(cfg, out.readouts, out.states, out.gate_logits, labels, head)
             return loss, stats["ce"]
+
         loss, ce_stat, grads = _loss_and_grads(model, ids, labels, fn, 0.37)
         torch.testing.assert_close(loss, ref[0], rtol=1e-6, atol=1e-6)
         mask = labels != IGNORE_INDEX
@@ -110,8 +123,9 @@ def test_loop_objective_equals_todays_objective_both_paths(kw, n_loops, chunk):
         assert grads.keys() == ref[2].keys(), (path, set(grads) ^ set(ref[2]))
         for name, g in grads.items():  # fp32 rounding through the model: relative to each gradient's scale
             r = ref[2][name]
-            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5 * float(r.abs().max()),
-                                       msg=lambda m, n=name: f"{path} {n}: {m}")
+            torch.testing.assert_close(
+                g, r, rtol=1e-4, atol=1e-5 * float(r.abs().max()), msg=lambda m, n=name: f"{path} {n}: {m}"
+            )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -145,7 +159,7 @@ def test_fused_equals_weighted_recompute_values_and_grads(dtype, n_loops, chunk)
     for x, g in zip(leaves, fused):
         assert g.dtype == x.dtype
         scale = float(x.grad.abs().max())
-        tol = dict(rtol=1e-5, atol=1e-6 * scale) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -7 * scale)
+        tol = dict(rtol=1e-5, atol=1e-6 * scale) if dtype == torch.float32 else dict(rtol=2**-6, atol=2**-7 * scale)
         torch.testing.assert_close(g, x.grad, **tol)
 
 
@@ -186,8 +200,9 @@ def test_bad_inputs_are_one_line_naming_the_field():
         ObjectiveConfig(ce_backward="triton")
     readouts = [torch.randn(2, 5, 8)]
     with pytest.raises(ConfigError, match=r"^loop_weights=\(2, 2, 5\) is invalid: expected the shape"):
-        fused_per_loop_cross_entropy(readouts, torch.randn(40, 8), torch.zeros(2, 5, dtype=torch.long),
-                                     torch.rand(2, 2, 5))
+        fused_per_loop_cross_entropy(
+            readouts, torch.randn(40, 8), torch.zeros(2, 5, dtype=torch.long), torch.rand(2, 2, 5)
+        )
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -195,8 +210,7 @@ def test_readout_check_runs_on_cpu(dtype, tol):
     """The call gpu_check can make on CUDA; here its logic at a tiny shape on CPU (timings are not judged)."""
     from titanloop.objectives.readout_check import check_fused_readout
 
-    res = check_fused_readout("cpu", dtype, loops=3, batch=2, seq_len=16, hidden=32, vocab=80, chunk_size=7,
-                              repeats=1)
+    res = check_fused_readout("cpu", dtype, loops=3, batch=2, seq_len=16, hidden=32, vocab=80, chunk_size=7, repeats=1)
     assert set(res["max_rel_err"]) == {"loss", "readouts", "lm_head", "gate"}
     assert all(err <= tol for err in res["max_rel_err"].values()), res["max_rel_err"]
     assert set(res["seconds"]) == {"fused", "recompute"} and res["peak_bytes"] == {"fused": None, "recompute": None}

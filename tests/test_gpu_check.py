@@ -24,13 +24,20 @@ from titanloop.model import looplm, preset
 from titanloop.objectives import per_loop_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the no-CUDA path cannot be "
-                                                               "shown")
+NO_CUDA = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine has CUDA: the no-CUDA path cannot be shown"
+)
 
 
 def _script(*args, **env):
-    return subprocess.run(["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**{k: v for k, v in os.environ.items() if k != "PYTHON"}, **env})
+    return subprocess.run(
+        ["bash", "scripts/gpu_check.sh", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHON"}, **env},
+    )
 
 
 @NO_CUDA
@@ -47,9 +54,11 @@ def test_script_refuses_an_interpreter_without_torch(tmp_path):
     fake.chmod(0o755)
     proc = _script("--python", str(fake), PYTHON=sys.executable)  # --python wins over PYTHON
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [f"error: python '{fake}' cannot import torch: give an interpreter "
-                                                "with torch installed, or leave out --python/PYTHON to use the "
-                                                "project's .venv"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: python '{fake}' cannot import torch: give an interpreter "
+        "with torch installed, or leave out --python/PYTHON to use the "
+        "project's .venv"
+    ]
 
 
 @NO_CUDA
@@ -62,8 +71,9 @@ def test_script_uses_the_project_venv_after_setup(tmp_path):
     marker = tmp_path / "ran"
     (venv / "bin" / "python").write_text(f'#!/bin/sh\ntouch {marker}\nexec {sys.executable} "$@"\n')
     (venv / "bin" / "python").chmod(0o755)
-    stamp = subprocess.run("cat pyproject.toml | sha1sum | cut -c1-16", shell=True, cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout
+    stamp = subprocess.run(
+        "cat pyproject.toml | sha1sum | cut -c1-16", shell=True, cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     (venv / ".titanloop-installed").write_text(stamp)
     proc = _script(TITANLOOP_VENV=str(venv), PYTHONPATH=str(ROOT))
     assert proc.returncode == 1, proc.stderr
@@ -141,8 +151,11 @@ def test_parse_args():
 
 
 def test_table_and_exit_status():
-    checks = [gc.Check("flash-attn", True, "importable"), gc.Check("attention docs", False, "max |err| 1"),
-              gc.Check("float8 rowwise T=4 speed", None, "0.9x, reported only")]
+    checks = [
+        gc.Check("flash-attn", True, "importable"),
+        gc.Check("attention docs", False, "max |err| 1"),
+        gc.Check("float8 rowwise T=4 speed", None, "0.9x, reported only"),
+    ]
     table = gc.format_table(checks).splitlines()
     assert table[2].split()[:2] == ["flash-attn", "PASS"] and table[3].split()[2] == "FAIL"
     assert table[4].split()[4] == "n/a"
@@ -164,9 +177,14 @@ def _run(t, precision, tok, first, last, **kw):
 
 
 def test_float8_rules():
-    runs = [_run(4, "bf16", 1000.0, 10.8, 6.00), _run(4, "tensorwise", 1250.0, 10.8, 6.10),
-            _run(4, "rowwise", 900.0, 10.8, 6.30), _run(8, "bf16", 500.0, 10.8, 10.5),
-            _run(8, "tensorwise", 450.0, 10.8, 10.5), gc.RunResult(8, "rowwise", error="exit 1: ['boom']")]
+    runs = [
+        _run(4, "bf16", 1000.0, 10.8, 6.00),
+        _run(4, "tensorwise", 1250.0, 10.8, 6.10),
+        _run(4, "rowwise", 900.0, 10.8, 6.30),
+        _run(8, "bf16", 500.0, 10.8, 10.5),
+        _run(8, "tensorwise", 450.0, 10.8, 10.5),
+        gc.RunResult(8, "rowwise", error="exit 1: ['boom']"),
+    ]
     c = {x.name: x for x in gc.float8_checks(runs)}
     assert c["float8 tensorwise T=4 loss"].ok  # 1.7% apart
     assert c["float8 tensorwise T=4 speed"].ok and c["float8 tensorwise T=4 speed"].numbers["ratio"] == 1.25
@@ -196,29 +214,48 @@ def test_kernel_choice_rules():
 
 
 def _checks_and_runs():
-    checks = [gc.Check("attention docs", True, "kernel flash_varlen, max |err| 3e-3", {"max_abs_err": 3e-3}),
-              gc.Check("flash-attn", None, "not installed")]
-    runs = [_run(4, "bf16", 9000.0, 10.8, 5.0, mfu=0.41, peak_gib=30.0, plan_gib=28.0),
-            _run(4, "tensorwise", 9900.0, 10.8, 5.05, mfu=0.45), gc.RunResult(8, "rowwise", error="exit 1")]
+    checks = [
+        gc.Check("attention docs", True, "kernel flash_varlen, max |err| 3e-3", {"max_abs_err": 3e-3}),
+        gc.Check("flash-attn", None, "not installed"),
+    ]
+    runs = [
+        _run(4, "bf16", 9000.0, 10.8, 5.0, mfu=0.41, peak_gib=30.0, plan_gib=28.0),
+        _run(4, "tensorwise", 9900.0, 10.8, 5.05, mfu=0.45),
+        gc.RunResult(8, "rowwise", error="exit 1"),
+    ]
     return checks, runs
 
 
 def test_result_json_follows_the_report_schema(tmp_path):
     checks, runs = _checks_and_runs()
-    doc = gc.result_json(checks, runs, device="NVIDIA H100 80GB HBM3", n_gpus=8, torch_version="2.14.1+cu130",
-                         commit="abc123", shape="ouro-1.4b", seq_len=4096, date="2026-11-25")
+    doc = gc.result_json(
+        checks,
+        runs,
+        device="NVIDIA H100 80GB HBM3",
+        n_gpus=8,
+        torch_version="2.14.1+cu130",
+        commit="abc123",
+        shape="ouro-1.4b",
+        seq_len=4096,
+        date="2026-11-25",
+    )
     report.validate(Path("gpu_check.json"), doc)  # the generator's own schema check (met vs target included)
     rows = {r["row"]: r for r in doc["summary"]}
     assert rows["gpu_check: checks passed"]["measured"] == "1/1" and rows["gpu_check: checks passed"]["met"]
     assert rows["tokens/s/GPU, T=4, bf16 (ouro-1.4b, 4096 tokens)"]["measured"] == 9000
-    assert rows["float8 tensorwise / bf16 tokens/s, T=4"] == {"row": "float8 tensorwise / bf16 tokens/s, T=4",
-                                                              "measured": 1.1, "target": ">= 1.0", "met": True}
+    assert rows["float8 tensorwise / bf16 tokens/s, T=4"] == {
+        "row": "float8 tensorwise / bf16 tokens/s, T=4",
+        "measured": 1.1,
+        "target": ">= 1.0",
+        "met": True,
+    }
     assert doc["commit"] == "abc123" and doc["machine"] == "8 x NVIDIA H100 80GB HBM3, torch 2.14.1+cu130"
     assert doc["result"]["checks"][0]["numbers"] == {"max_abs_err": 3e-3}
     assert doc["tables"][1]["rows"][0][:6] == [4, "bf16", "9,000", "41.0", "30.00", "28.00"]
     assert doc["tables"][1]["rows"][2][-1] == "exit 1"
-    failed = gc.result_json([gc.Check("x", False, "")], [], device="d", n_gpus=1, torch_version="t", commit="c",
-                            shape="s", seq_len=1)
+    failed = gc.result_json(
+        [gc.Check("x", False, "")], [], device="d", n_gpus=1, torch_version="t", commit="c", shape="s", seq_len=1
+    )
     assert failed["summary"][0]["met"] is False and len(failed["tables"]) == 1
 
 
@@ -230,8 +267,12 @@ def test_benchmarks_md_gpu_section_placeholder_then_json(tmp_path):
     text = report.render(report.load_results(res))
     assert "not yet run on a GPU" in text and "(benchmarks/results/gpu_check.json)" not in text
     checks, runs = _checks_and_runs()
-    gc.write_json(res / "gpu_check.json", gc.result_json(checks, runs, device="NVIDIA H100", n_gpus=1,
-                                                         torch_version="t", commit="c", shape="s", seq_len=4096))
+    gc.write_json(
+        res / "gpu_check.json",
+        gc.result_json(
+            checks, runs, device="NVIDIA H100", n_gpus=1, torch_version="t", commit="c", shape="s", seq_len=4096
+        ),
+    )
     text = report.render(report.load_results(res))
     assert "not yet run on a GPU" not in text and "(benchmarks/results/gpu_check.json)" in text
     assert "| gpu_check: checks passed ([gpu_check](#gpu_check)) | 1/1 | all | yes |" in text
@@ -253,15 +294,16 @@ def test_attention_checks_pass_on_cpu_bf16(seed):
 
 def test_attention_checks_catch_a_dropped_mask_and_non_causal_attention():
     no_docs = gc.attention_check("a", "cpu", DOCS, attention_fn=lambda q, k, v, m: attn.attention(q, k, v, None))
-    non_causal = gc.attention_check("a", "cpu", shape=(2, 256),
-                                    attention_fn=lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v))
+    non_causal = gc.attention_check(
+        "a", "cpu", shape=(2, 256), attention_fn=lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v)
+    )
     for c in (no_docs, non_causal):
         assert c.ok is False and c.numbers["max_abs_err"] > 10 * c.numbers["tol"], c.detail
 
 
 def test_attention_tolerance_derivation():
     ref, v = torch.tensor([0.5, -2.0]), torch.tensor([[1.0, -4.0]])
-    assert gc.attention_tolerance(ref, v) == 2 * 2 ** -8 * (2.0 + 4.0)
+    assert gc.attention_tolerance(ref, v) == 2 * 2**-8 * (2.0 + 4.0)
 
 
 @pytest.fixture(scope="module")
@@ -345,8 +387,9 @@ def test_readout_catches_broken_readouts(fn):
     assert c.ok is False, c.detail
 
 
-COMPILE = dict(dtype=torch.float32, backend="eager", preset_name="debug-tiny", seq_len=64, loops=(2, 3),
-               doc_counts=(1, 3))
+COMPILE = dict(
+    dtype=torch.float32, backend="eager", preset_name="debug-tiny", seq_len=64, loops=(2, 3), doc_counts=(1, 3)
+)
 
 
 def test_compile_check_counts_breaks_and_recompiles(monkeypatch):
@@ -390,7 +433,11 @@ def test_kernel_recorder_through_the_trainer(tmp_path, dtype):
     is FAIL either way here: the kernel is a CPU one."""
     out = tmp_path / "k.json"
     args = gc.train_args(tmp_path / "run", "debug-tiny", {}, 3, 64, 1, steps=1) + [
-        "--parallelism.compile", "false", "--training.dtype", dtype]
+        "--parallelism.compile",
+        "false",
+        "--training.dtype",
+        dtype,
+    ]
     cmd = gc.torchrun_command(sys.executable, 1, args, ["-m", "titanloop.gpu_check", "--record-kernels", str(out)])
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -38,6 +38,7 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
 
 def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, tuple[int, bool]]]:
     """module -> {imported module: (line, inside a function)}."""
+
     def resolve(name: str) -> str | None:
         while name and name not in mods:
             name = name.rpartition(".")[0]
@@ -47,8 +48,9 @@ def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, tuple[int, bool]]
     for mod, path in mods.items():
         tree = ast.parse(path.read_text())
         skip = _type_checking_nodes(tree)
-        in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                       for n in ast.walk(f)}
+        in_function = {
+            id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+        }
         package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         for node in ast.walk(tree):
             if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -58,7 +60,7 @@ def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, tuple[int, bool]]
             else:
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
             for target in targets:
                 dep = resolve(target) if target.startswith("titanloop") else None
@@ -101,8 +103,13 @@ def circles(edges) -> list[list[str]]:
 def test_no_import_circle_among_titanloop_modules():
     edges = import_edges(_modules())
     found = circles(edges)
-    detail = [f"{a} -> {b} (line {edges[a][b][0]}{', in a function' if edges[a][b][1] else ''})"
-              for comp in found for a in comp for b in edges[a] if b in comp]
+    detail = [
+        f"{a} -> {b} (line {edges[a][b][0]}{', in a function' if edges[a][b][1] else ''})"
+        for comp in found
+        for a in comp
+        for b in edges[a]
+        if b in comp
+    ]
     assert not found, "import circle(s): " + "; ".join(detail)
 
 

@@ -19,8 +19,16 @@ V, H, FFN, LAYERS = 96, 32, 64, 2
 
 def tiny(**kw) -> LoopLM:
     torch.manual_seed(0)
-    cfg = dict(vocab_size=V, hidden_size=H, n_heads=4, ffn_hidden_size=FFN, n_layers=LAYERS, n_loops=3,
-               max_seq_len=64, rope_theta=40000.0)
+    cfg = dict(
+        vocab_size=V,
+        hidden_size=H,
+        n_heads=4,
+        ffn_hidden_size=FFN,
+        n_layers=LAYERS,
+        n_loops=3,
+        max_seq_len=64,
+        rope_theta=40000.0,
+    )
     cfg.update(kw)
     model = LoopLM(LoopLMConfig(**cfg))
     with torch.no_grad():  # non-default values everywhere so a dropped or swapped tensor is visible
@@ -65,8 +73,12 @@ VARIANTS = {
 
 
 # variants the Ouro HF code cannot compute -> the field its refusal names
-REFUSED = {"raw_readout_no_inter_norm": "readout='raw'", "final_only_norm": "readout='final_only_norm'",
-           "prelude_coda": "n_prelude_layers=1", "gated_per_loop_norm": "gated_recurrence=true"}
+REFUSED = {
+    "raw_readout_no_inter_norm": "readout='raw'",
+    "final_only_norm": "readout='final_only_norm'",
+    "prelude_coda": "n_prelude_layers=1",
+    "gated_per_loop_norm": "gated_recurrence=true",
+}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -113,7 +125,7 @@ def ouro_reference(path, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
         q = (x @ w[p + "q_proj.weight"].T).view(b, s, nh, hd).transpose(1, 2)
         k = (x @ w[p + "k_proj.weight"].T).view(b, s, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, 1)
         v = (x @ w[p + "v_proj.weight"].T).view(b, s, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, 1)
-        att = torch.softmax(rotate(q) @ rotate(k).transpose(-1, -2) * hd ** -0.5 + causal, -1)
+        att = torch.softmax(rotate(q) @ rotate(k).transpose(-1, -2) * hd**-0.5 + causal, -1)
         return (att @ v).transpose(1, 2).reshape(b, s, nh * hd) @ w[p + "o_proj.weight"].T
 
     def mlp(x, p):
@@ -125,10 +137,12 @@ def ouro_reference(path, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
     for _ in range(c["total_ut_steps"]):
         for i in range(c["num_hidden_layers"]):
             p = f"model.layers.{i}."
-            h = h + rms(attention(rms(h, p + "input_layernorm.weight"), p + "self_attn."),
-                        p + "input_layernorm_2.weight")
-            h = h + rms(mlp(rms(h, p + "post_attention_layernorm.weight"), p + "mlp."),
-                        p + "post_attention_layernorm_2.weight")
+            h = h + rms(
+                attention(rms(h, p + "input_layernorm.weight"), p + "self_attn."), p + "input_layernorm_2.weight"
+            )
+            h = h + rms(
+                mlp(rms(h, p + "post_attention_layernorm.weight"), p + "mlp."), p + "post_attention_layernorm_2.weight"
+            )
         h = rms(h, "model.norm.weight")
         out.append((h @ head.T, (h @ w["model.early_exit_gate.weight"].T + w["model.early_exit_gate.bias"])[..., 0]))
     return out
@@ -173,15 +187,32 @@ def test_exported_layout_matches_ouro(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model_type"] == "ouro" and cfg["architectures"] == ["OuroForCausalLM"]
-    expected_values = {"vocab_size": V, "hidden_size": H, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
-                       "num_attention_heads": 4, "num_key_value_heads": 4, "total_ut_steps": 3,
-                       "max_position_embeddings": 64, "rope_theta": 40000.0, "rms_norm_eps": 1e-6,
-                       "tie_word_embeddings": False, "hidden_act": "silu", "early_exit_threshold": 1.0,
-                       "head_dim": 8, "torch_dtype": "float32"}
+    expected_values = {
+        "vocab_size": V,
+        "hidden_size": H,
+        "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "total_ut_steps": 3,
+        "max_position_embeddings": 64,
+        "rope_theta": 40000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "early_exit_threshold": 1.0,
+        "head_dim": 8,
+        "torch_dtype": "float32",
+    }
     assert {k: cfg[k] for k in expected_values} == expected_values
     # tensor names and shapes as in the published Ouro checkpoints (RECIPE §1), written out by hand
-    expected = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H),
-                "model.early_exit_gate.weight": (1, H), "model.early_exit_gate.bias": (1,)}
+    expected = {
+        "model.embed_tokens.weight": (V, H),
+        "model.norm.weight": (H,),
+        "lm_head.weight": (V, H),
+        "model.early_exit_gate.weight": (1, H),
+        "model.early_exit_gate.bias": (1,),
+    }
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         for proj in ("q", "k", "v", "o"):
@@ -189,8 +220,7 @@ def test_exported_layout_matches_ouro(tmp_path):
         expected[p + "mlp.gate_proj.weight"] = (FFN, H)
         expected[p + "mlp.up_proj.weight"] = (FFN, H)
         expected[p + "mlp.down_proj.weight"] = (H, FFN)
-        for norm in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm",
-                     "post_attention_layernorm_2"):
+        for norm in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"):
             expected[p + norm + ".weight"] = (H,)
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         got = {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}
@@ -225,6 +255,7 @@ def test_failed_export_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     first = tiny()
     export_ouro_hf(first, tmp_path / "ckpt")
     import titanloop.interchange.ouro_hf as ouro_hf
+
     calls = []
     real_save = ouro_hf.save_file
 
@@ -250,8 +281,14 @@ def test_plain_ouro_directory_imports_with_defaults(tmp_path):
     export_ouro_hf(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["titanloop"]
-    cfg.update({"auto_map": {"AutoConfig": "configuration_ouro.OuroConfig"}, "bos_token_id": 0,
-                "eos_token_id": 0, "transformers_version": "4.55.0"})
+    cfg.update(
+        {
+            "auto_map": {"AutoConfig": "configuration_ouro.OuroConfig"},
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "transformers_version": "4.55.0",
+        }
+    )
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     again = import_ouro_hf(tmp_path)
     assert again.cfg.readout == "norm" and again.cfg.inter_loop_norm and again.cfg.n_prelude_layers == 0
@@ -309,9 +346,11 @@ def test_not_an_ouro_directory(tmp_path):
     _one_line_error(tmp_path, "model_type='llama'", "'ouro'")
     export_ouro_hf(tiny(), tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    for key, value, frag in (("hidden_act", "gelu", "hidden_act='gelu'"),
-                             ("num_attention_heads", 5, "n_heads=5"),
-                             ("head_dim", 16, "head_dim=16")):
+    for key, value, frag in (
+        ("hidden_act", "gelu", "hidden_act='gelu'"),
+        ("num_attention_heads", 5, "n_heads=5"),
+        ("head_dim", 16, "head_dim=16"),
+    ):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, key: value}))
         _one_line_error(tmp_path, frag)
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
@@ -325,8 +364,9 @@ def test_not_an_ouro_directory(tmp_path):
 
 
 def test_cli_module_runs_with_help():
-    r = subprocess.run([sys.executable, "-m", "titanloop.interchange", "--help"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "titanloop.interchange", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "inspect" in r.stdout and "export" in r.stdout and "verify" in r.stdout
 
 
@@ -334,19 +374,35 @@ def test_cli_export_inspect_verify_and_errors(tmp_path, capsys):
     out = tmp_path / "m"
     with pytest.raises(SystemExit) as e:
         main(["export", "--preset", "debug-tiny", "--set", "readout=raw", "--out", str(out)])
-    assert str(e.value).startswith("error: cannot export as Ouro (model_type 'ouro'): readout='raw' (the Ouro code "
-                                   "decodes norm(h_t) at every loop); pass allow_variant=True (CLI --allow-variant)")
-    main(["export", "--preset", "debug-tiny", "--set", "n_loops=2", "--set", "readout=raw", "--allow-variant",
-          "--out", str(out)])
+    assert str(e.value).startswith(
+        "error: cannot export as Ouro (model_type 'ouro'): readout='raw' (the Ouro code "
+        "decodes norm(h_t) at every loop); pass allow_variant=True (CLI --allow-variant)"
+    )
+    main(
+        [
+            "export",
+            "--preset",
+            "debug-tiny",
+            "--set",
+            "n_loops=2",
+            "--set",
+            "readout=raw",
+            "--allow-variant",
+            "--out",
+            str(out),
+        ]
+    )
     main(["inspect", str(out)])
     n = import_ouro_hf(out).num_params()
     printed = capsys.readouterr().out
     assert f"{n:,} stored" in printed and "T=2" in printed and "readout=raw" in printed
     main(["verify", str(out)])
     assert "bitwise" in capsys.readouterr().out
-    for argv, start in ((["inspect", str(tmp_path / "nothing")], "error: path="),
-                        (["export", "--out", str(tmp_path / "x"), "--set", "n_heads=5"], "error: n_heads=5"),
-                        (["export", "--out", str(tmp_path / "x"), "--set", "nheads=4"], "error: --set 'nheads=4'")):
+    for argv, start in (
+        (["inspect", str(tmp_path / "nothing")], "error: path="),
+        (["export", "--out", str(tmp_path / "x"), "--set", "n_heads=5"], "error: n_heads=5"),
+        (["export", "--out", str(tmp_path / "x"), "--set", "nheads=4"], "error: --set 'nheads=4'"),
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert str(e.value).startswith(start) and "\n" not in str(e.value)

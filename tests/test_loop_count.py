@@ -53,13 +53,18 @@ def test_no_shipped_config_sets_the_loop_count_twice():
 
 
 def test_loading_a_checkpoint_gives_the_model_its_trained_depth():
-    manifest = {"config": {"model": {"preset": "debug-tiny", "n_loops": 4},
-                           "loop_sampler": {"kind": "fixed", "n_loops": 4}},
-                "trained_depth": {"kind": "fixed", "n_loops": 8, "min": 8, "max": 8}}
+    manifest = {
+        "config": {"model": {"preset": "debug-tiny", "n_loops": 4}, "loop_sampler": {"kind": "fixed", "n_loops": 4}},
+        "trained_depth": {"kind": "fixed", "n_loops": 8, "min": 8, "max": 8},
+    }
     assert _model_config_from_manifest(manifest, Path("x")).n_loops == 8  # the recorded depth wins
     # written before trained_depth was recorded: the loop sampler trained the model (the model section could lie)
-    old = {"config": {"model": {"preset": "debug-tiny", "n_loops": 4},
-                      "loop_sampler": {"kind": "uniform", "n_loops": 6, "min_sampled": 2, "max_sampled": 6}}}
+    old = {
+        "config": {
+            "model": {"preset": "debug-tiny", "n_loops": 4},
+            "loop_sampler": {"kind": "uniform", "n_loops": 6, "min_sampled": 2, "max_sampled": 6},
+        }
+    }
     assert trained_depth(old) == {"kind": "uniform", "n_loops": 6, "min": 2, "max": 6}
     assert _model_config_from_manifest(old, Path("x")).n_loops == 6
     deep = {"config": {"model": {"preset": "debug-tiny"}}, "trained_depth": {"kind": "fixed", "n_loops": 24}}
@@ -71,11 +76,35 @@ def test_loading_a_checkpoint_gives_the_model_its_trained_depth():
 def test_sampler_alone_trains_and_evaluates_at_its_depth(tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "titanloop.train", "--config", str(DEBUG), "--training.run_dir", str(run_dir), "--training.steps", "3",
-           "--training.seq_len", "32", "--training.micro_batch_size", "2", "--training.global_batch_size", "4",
-           "--loop_sampler.n_loops", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "3",
-           "--metrics.log_freq", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "titanloop.train",
+        "--config",
+        str(DEBUG),
+        "--training.run_dir",
+        str(run_dir),
+        "--training.steps",
+        "3",
+        "--training.seq_len",
+        "32",
+        "--training.micro_batch_size",
+        "2",
+        "--training.global_batch_size",
+        "4",
+        "--loop_sampler.n_loops",
+        "8",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        "3",
+        "--metrics.log_freq",
+        "1",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -86,9 +115,29 @@ def test_sampler_alone_trains_and_evaluates_at_its_depth(tmp_path):
     data = tmp_path / "data.json"
     data.write_text(json.dumps({"kind": "synthetic_text", "seed": 1}))
     out = tmp_path / "eval"
-    proc = subprocess.run([sys.executable, "-m", "titanloop.eval", "sweep", str(run_dir / "checkpoints"), "--data",
-                           str(data), "--out", str(out), "--batch-size", "2", "--max-batches", "1",
-                           "--no-diagnostics"], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanloop.eval",
+            "sweep",
+            str(run_dir / "checkpoints"),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--batch-size",
+            "2",
+            "--max-batches",
+            "1",
+            "--no-diagnostics",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["depth_sweep"]["trained_loops"] == 8

@@ -30,9 +30,24 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "train_configs" / "debug.toml"
-OVERRIDES = ["--model.hidden_size", "256", "--model.ffn_hidden_size", "704", "--model.vocab_size", "8192",
-             "--training.seq_len", "512", "--training.micro_batch_size", "2", "--training.doc_masking", "true",
-             "--training.dtype", "bfloat16", "--parallelism.activation_checkpoint", "loop"]
+OVERRIDES = [
+    "--model.hidden_size",
+    "256",
+    "--model.ffn_hidden_size",
+    "704",
+    "--model.vocab_size",
+    "8192",
+    "--training.seq_len",
+    "512",
+    "--training.micro_batch_size",
+    "2",
+    "--training.doc_masking",
+    "true",
+    "--training.dtype",
+    "bfloat16",
+    "--parallelism.activation_checkpoint",
+    "loop",
+]
 PLAN_BAND = 0.10
 
 
@@ -81,16 +96,33 @@ def _plan(world: int, tp: int):
 def test_plan_matches_measured_peak(world, tp, tmp_path):
     out = tmp_path / "peak.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-                           __file__, str(out), str(tp)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world}",
+            __file__,
+            str(out),
+            str(tp),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     real = json.loads(out.read_text())
     memory_plan = _plan(world, tp)
     plan, rss, tracked = memory_plan.peak, real["measured"], real["tracked"]
     one_moment = memory_plan.rows["parameters (sharded)"]  # exp_avg (or exp_avg_sq): fp32, sharded as the params
-    print(f"world {world}, tp {tp}: plan {plan / 1e6:.1f} MB ({plan / rss - 1:+.1%}), measured RSS peak "
-          f"{rss / 1e6:.1f} MB, tracked on real tensors {tracked / 1e6:.1f} MB ({tracked / rss - 1:+.1%}); plan "
-          f"without one Adam moment {(plan - one_moment) / 1e6:.1f} MB ({(plan - one_moment) / rss - 1:+.1%})")
+    print(
+        f"world {world}, tp {tp}: plan {plan / 1e6:.1f} MB ({plan / rss - 1:+.1%}), measured RSS peak "
+        f"{rss / 1e6:.1f} MB, tracked on real tensors {tracked / 1e6:.1f} MB ({tracked / rss - 1:+.1%}); plan "
+        f"without one Adam moment {(plan - one_moment) / 1e6:.1f} MB ({(plan - one_moment) / rss - 1:+.1%})"
+    )
     assert abs(tracked - rss) <= PLAN_BAND * rss, (tracked, rss)  # the tracker and the OS see the same peak
     assert abs(plan - rss) <= PLAN_BAND * rss, (plan, real)
     assert abs(plan - one_moment - rss) > PLAN_BAND * rss, (plan, one_moment, rss)  # the broken plan fails

@@ -21,9 +21,22 @@ LAYOUTS = {2: [(1, "none")], 4: [(1, "layer"), (2, "none")]}
 
 
 def _overrides(tp: int, ac: str) -> list[str]:
-    return ["--model.preset", "debug-tiny", "--model.tie_embeddings", "false", "--training.seed", str(SEED),
-            "--training.global_batch_size", "8", "--training.micro_batch_size", "2", "--parallelism.tp", str(tp),
-            "--parallelism.activation_checkpoint", ac]
+    return [
+        "--model.preset",
+        "debug-tiny",
+        "--model.tie_embeddings",
+        "false",
+        "--training.seed",
+        str(SEED),
+        "--training.global_batch_size",
+        "8",
+        "--training.micro_batch_size",
+        "2",
+        "--parallelism.tp",
+        str(tp),
+        "--parallelism.activation_checkpoint",
+        ac,
+    ]
 
 
 def _worker(out: str) -> None:
@@ -55,9 +68,22 @@ def test_gathered_init_is_identical_at_1_2_4_ranks(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for world in LAYOUTS:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc_per_node={world}", __file__, str(tmp_path)], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={world}",
+                __file__,
+                str(tmp_path),
+            ],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     # the reference: one process, the full model built on CPU from the same seed
     cfg = load_config(None, _overrides(1, "none"), world_size=1)
@@ -72,8 +98,9 @@ def test_gathered_init_is_identical_at_1_2_4_ranks(tmp_path):
             assert torch.equal(state[key], value), f"{f.name}: {key} differs"
     # and a different seed gives different weights (the comparison above can fail)
     torch.manual_seed(SEED + 1)
-    assert not torch.equal(LoopLM(cfg.looplm).state_dict()["layers.0.mlp.up_proj.weight"],
-                           reference["layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(
+        LoopLM(cfg.looplm).state_dict()["layers.0.mlp.up_proj.weight"], reference["layers.0.mlp.up_proj.weight"]
+    )
 
 
 if __name__ == "__main__":

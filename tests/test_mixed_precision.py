@@ -30,10 +30,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def bf16_step(monkeypatch, doc_masking: bool) -> dict:
-    cfg = load_config(REPO / "train_configs" / "debug.toml",
-                      ["--training.dtype", "bfloat16", "--training.doc_masking", str(doc_masking).lower(),
-                       "--training.seq_len", "32", "--training.micro_batch_size", "2",
-                       "--training.global_batch_size", "4"], world_size=2)
+    cfg = load_config(
+        REPO / "train_configs" / "debug.toml",
+        [
+            "--training.dtype",
+            "bfloat16",
+            "--training.doc_masking",
+            str(doc_masking).lower(),
+            "--training.seq_len",
+            "32",
+            "--training.micro_batch_size",
+            "2",
+            "--training.global_batch_size",
+            "4",
+        ],
+        world_size=2,
+    )
     seen = {"q": Counter(), "mask": Counter()}
     attention, document_mask = looplm_module.attention, looplm_module.document_mask
 

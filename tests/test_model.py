@@ -37,7 +37,7 @@ def rope(x, theta):
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = torch.arange(s, dtype=torch.float64)[:, None] * inv[None, :]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -247,8 +247,9 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
             sd[name] = sd[name].view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
     mha.load_state_dict(sd)
     tokens = ids()
-    torch.testing.assert_close(gqa(tokens, return_logits="all").logits, mha(tokens, return_logits="all").logits,
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        gqa(tokens, return_logits="all").logits, mha(tokens, return_logits="all").logits, rtol=1e-5, atol=1e-6
+    )
     assert gqa.num_params() == gqa.cfg.param_count()
 
 
@@ -267,18 +268,21 @@ def test_param_count_and_flops_count_loops():
     assert 2.5e9 < preset("ouro-2.6b").param_count() < 2.8e9
 
 
-@pytest.mark.parametrize("field,kwargs", [
-    ("n_loops", dict(n_loops=0)),
-    ("n_heads", dict(n_heads=5)),  # does not divide hidden_size=32
-    ("n_kv_heads", dict(n_kv_heads=3)),
-    ("readout", dict(readout="softmax")),
-    ("max_loops", dict(n_loops=8, max_loops=4)),
-    ("attention_backend", dict(attention_backend="xformers")),
-    ("n_prelude_layers", dict(n_prelude_layers=-1)),
-    ("hidden_size", dict(hidden_size=0)),
-    ("embed_init_std", dict(embed_init_std=0.0)),
-    ("embed_init_std", dict(embed_init_std=1.0, tie_embeddings=True)),
-])
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [
+        ("n_loops", dict(n_loops=0)),
+        ("n_heads", dict(n_heads=5)),  # does not divide hidden_size=32
+        ("n_kv_heads", dict(n_kv_heads=3)),
+        ("readout", dict(readout="softmax")),
+        ("max_loops", dict(n_loops=8, max_loops=4)),
+        ("attention_backend", dict(attention_backend="xformers")),
+        ("n_prelude_layers", dict(n_prelude_layers=-1)),
+        ("hidden_size", dict(hidden_size=0)),
+        ("embed_init_std", dict(embed_init_std=0.0)),
+        ("embed_init_std", dict(embed_init_std=1.0, tie_embeddings=True)),
+    ],
+)
 def test_bad_model_config_is_one_line_naming_the_field(field, kwargs):
     with pytest.raises(ConfigError) as e:
         tiny_cfg(**kwargs)

@@ -8,10 +8,24 @@ import torch.nn.functional as F
 
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, LoopLMConfig
-from titanloop.objectives import (IGNORE_INDEX, ObjectiveConfig, dense_supervision_loss, dense_weights,
-                                  exit_cdf, exit_probs, geometric_prior, jsrr_loss, jsrr_probes, jsrr_target,
-                                  per_loop_cross_entropy, q_exit_steps, scale_penalty, spectral_radius_estimate,
-                                  stage1_loss, stage2_gate_loss)
+from titanloop.objectives import (
+    IGNORE_INDEX,
+    ObjectiveConfig,
+    dense_supervision_loss,
+    dense_weights,
+    exit_cdf,
+    exit_probs,
+    geometric_prior,
+    jsrr_loss,
+    jsrr_probes,
+    jsrr_target,
+    per_loop_cross_entropy,
+    q_exit_steps,
+    scale_penalty,
+    spectral_radius_estimate,
+    stage1_loss,
+    stage2_gate_loss,
+)
 
 
 def tiny_model(**kw) -> LoopLM:
@@ -216,15 +230,16 @@ def test_jsrr_on_linear_map_with_known_spectral_radius():
     v = probes / probes.flatten(1).norm(dim=1).view(-1, 1, 1)
     ref = (v @ a.t()).flatten(1).pow(2).sum(1).mean()
     torch.testing.assert_close(loss, ref, rtol=1e-4, atol=0)
-    assert loss <= 1.7 ** 2 + 1e-5
+    assert loss <= 1.7**2 + 1e-5
 
 
 def test_jsrr_probes_depend_on_the_sample_not_on_the_rank_or_batch():
     shape = (4, 3, 8)
     whole = jsrr_probes(shape, torch.tensor([20, 21, 22, 23]), seed=1)
     # split over 2 data-parallel ranks, or over 2 micro-batches in another order: the same row per sample
-    parts = torch.cat([jsrr_probes((2, 3, 8), torch.tensor([20, 21]), 1),
-                       jsrr_probes((2, 3, 8), torch.tensor([22, 23]), 1)])
+    parts = torch.cat(
+        [jsrr_probes((2, 3, 8), torch.tensor([20, 21]), 1), jsrr_probes((2, 3, 8), torch.tensor([22, 23]), 1)]
+    )
     assert torch.equal(whole, parts)
     assert torch.equal(jsrr_probes((1, 3, 8), torch.tensor([22]), 1)[0], whole[2])
     # every sample (so every rank) its own direction; another seed, other directions
@@ -255,8 +270,9 @@ def test_jsrr_linearizes_a_transition_of_the_forward_checked_against_the_direct_
     Φ(state) must be a state the forward computes, and L_JSRR must equal ‖J v̂‖² with J the full Jacobian
     computed directly by reverse-mode autograd (not by the JVP the loss uses)."""
     torch.manual_seed(8)
-    model = tiny_model(n_loops=3, max_loops=3, per_loop_norm=True, hidden_size=16, n_heads=2,
-                       ffn_hidden_size=32).double()
+    model = tiny_model(
+        n_loops=3, max_loops=3, per_loop_norm=True, hidden_size=16, n_heads=2, ffn_hidden_size=32
+    ).double()
     with torch.no_grad():  # per-loop norm scales that differ, so the loop index matters
         for norm in model.loop_norms:
             norm.weight.uniform_(0.5, 1.5)
@@ -271,7 +287,7 @@ def test_jsrr_linearizes_a_transition_of_the_forward_checked_against_the_direct_
     d = state[0].numel()
     direct = []
     for i in range(2):  # one sample's Jacobian: its [S*H, S*H] block (samples do not interact)
-        row = lambda x, i=i: phi(torch.cat([state[:i], x.view(1, *state.shape[1:]), state[i + 1:]]))[i]  # noqa: E731
+        row = lambda x, i=i: phi(torch.cat([state[:i], x.view(1, *state.shape[1:]), state[i + 1 :]]))[i]  # noqa: E731
         jac = torch.autograd.functional.jacobian(row, state[i].reshape(-1)).reshape(d, d)
         v = probes[i].reshape(-1) / probes[i].norm()
         direct.append((jac @ v).pow(2).sum())
@@ -290,6 +306,7 @@ def test_chunked_ce_equals_unchunked_values_and_grads(dtype):
     upstream = torch.rand(n)
 
     from titanloop.objectives import linear_cross_entropy
+
     loss_c = linear_cross_entropy(hidden, weight, targets, chunk_size=8)
     (loss_c * upstream).sum().backward()
     gh_c, gw_c = hidden.grad.clone(), weight.grad.clone()
@@ -313,23 +330,27 @@ def test_per_loop_ce_is_chunk_size_invariant():
     ids, targets = torch.randint(0, 96, (2, 9)), torch.randint(0, 96, (2, 9))
     out = model(ids, return_logits="all")
     a = per_loop_cross_entropy(out.readouts, model.lm_head.weight, targets, chunk_size=4)
-    b = torch.stack([F.cross_entropy(lg.reshape(-1, 96), targets.reshape(-1), reduction="none").view(2, 9)
-                     for lg in out.logits])
+    b = torch.stack(
+        [F.cross_entropy(lg.reshape(-1, 96), targets.reshape(-1), reduction="none").view(2, 9) for lg in out.logits]
+    )
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ----- bad objective configs ---------------------------------------------------------------------------
-@pytest.mark.parametrize("field,kwargs", [
-    ("objective.beta", dict(beta=-0.1)),
-    ("objective.gate_k", dict(gate_k=0)),
-    ("objective.gate_k", dict(gate_k=-5)),
-    ("objective.prior", dict(prior="laplace")),
-    ("objective.geometric_eta", dict(geometric_eta=1.0)),
-    ("objective.name", dict(name="stage3")),
-    ("objective.dense_schedule", dict(dense_schedule="cosine")),
-    ("objective.jsrr_weight", dict(jsrr_weight=1.5)),
-    ("objective.ce_chunk_size", dict(ce_chunk_size=0)),
-])
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [
+        ("objective.beta", dict(beta=-0.1)),
+        ("objective.gate_k", dict(gate_k=0)),
+        ("objective.gate_k", dict(gate_k=-5)),
+        ("objective.prior", dict(prior="laplace")),
+        ("objective.geometric_eta", dict(geometric_eta=1.0)),
+        ("objective.name", dict(name="stage3")),
+        ("objective.dense_schedule", dict(dense_schedule="cosine")),
+        ("objective.jsrr_weight", dict(jsrr_weight=1.5)),
+        ("objective.ce_chunk_size", dict(ce_chunk_size=0)),
+    ],
+)
 def test_bad_objective_config_is_one_line_naming_the_field(field, kwargs):
     with pytest.raises(ConfigError) as e:
         ObjectiveConfig(**kwargs)

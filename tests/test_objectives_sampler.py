@@ -11,10 +11,12 @@ from titanloop.config_errors import ConfigError
 from titanloop.objectives import LoopSampler, LoopSamplerConfig
 
 STEPS = 300
-KINDS = [dict(kind="lognormal", mu=2.0, sigma=0.7, min_sampled=1, max_sampled=100),
-         dict(kind="lognormal", mu=1.7, sigma=0.4, min_sampled=1, max_sampled=16),
-         dict(kind="poisson", rate=4.0, min_sampled=1, max_sampled=8),
-         dict(kind="uniform", min_sampled=2, max_sampled=6)]
+KINDS = [
+    dict(kind="lognormal", mu=2.0, sigma=0.7, min_sampled=1, max_sampled=100),
+    dict(kind="lognormal", mu=1.7, sigma=0.4, min_sampled=1, max_sampled=16),
+    dict(kind="poisson", rate=4.0, min_sampled=1, max_sampled=8),
+    dict(kind="uniform", min_sampled=2, max_sampled=6),
+]
 
 
 def _rank_worker(rank: int, world: int, init_file: str, out_file: str):
@@ -88,14 +90,17 @@ def test_fixed_sampler_returns_n_loops():
     assert {sampler(s) for s in range(50)} == {5} and sampler.max_possible() == 5
 
 
-@pytest.mark.parametrize("field,kwargs", [
-    ("loop_sampler.min_sampled", dict(kind="uniform", min_sampled=8, max_sampled=4)),
-    ("loop_sampler.min_sampled", dict(min_sampled=0)),
-    ("loop_sampler.kind", dict(kind="gaussian")),
-    ("loop_sampler.n_loops", dict(n_loops=0)),
-    ("loop_sampler.sigma", dict(kind="lognormal", sigma=0.0)),
-    ("loop_sampler.rate", dict(kind="poisson", rate=-1.0)),
-])
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [
+        ("loop_sampler.min_sampled", dict(kind="uniform", min_sampled=8, max_sampled=4)),
+        ("loop_sampler.min_sampled", dict(min_sampled=0)),
+        ("loop_sampler.kind", dict(kind="gaussian")),
+        ("loop_sampler.n_loops", dict(n_loops=0)),
+        ("loop_sampler.sigma", dict(kind="lognormal", sigma=0.0)),
+        ("loop_sampler.rate", dict(kind="poisson", rate=-1.0)),
+    ],
+)
 def test_bad_sampler_config_is_one_line_naming_the_field(field, kwargs):
     with pytest.raises(ConfigError) as e:
         LoopSamplerConfig(**kwargs)

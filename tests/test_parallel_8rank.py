@@ -28,18 +28,48 @@ STEPS = 10
 STEP1_TOL = 1e-5  # loss (abs) and gradient norm (rel) before any optimizer step
 LOSS_TOL = 1e-3  # steps 2-10 (abs)
 GRAD_NORM_RTOL = 2e-3  # steps 2-10 (rel)
-COMMON = ["--config", str(REPO / "train_configs" / "debug.toml"), "--training.seq_len", "32",
-          "--training.global_batch_size", "8", "--training.steps", str(STEPS), "--metrics.log_freq", "1",
-          "--lr_scheduler.warmup_steps", "2", "--checkpoint.enable", "false"]
+COMMON = [
+    "--config",
+    str(REPO / "train_configs" / "debug.toml"),
+    "--training.seq_len",
+    "32",
+    "--training.global_batch_size",
+    "8",
+    "--training.steps",
+    str(STEPS),
+    "--metrics.log_freq",
+    "1",
+    "--lr_scheduler.warmup_steps",
+    "2",
+    "--checkpoint.enable",
+    "false",
+]
 
 pytestmark = pytest.mark.slow
 
 
 def _run(nproc: int, run_dir: Path, *extra: str) -> dict[int, dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "titanloop.train", *COMMON, "--training.run_dir", str(run_dir), *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "titanloop.train",
+        *COMMON,
+        "--training.run_dir",
+        str(run_dir),
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = {}
     for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
@@ -75,5 +105,7 @@ def test_fsdp_x_tp_at_8_ranks_matches_one_process_for_10_steps(runs):
         worst["grad_norm"] = max(worst["grad_norm"], abs(b["grad_norm"] / a["grad_norm"] - 1))
         assert b["loss"] == pytest.approx(a["loss"], rel=0, abs=LOSS_TOL), (step, a["loss"], b["loss"])
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=GRAD_NORM_RTOL, abs=0), (step, a, b)
-    print(f"8 ranks (dp 4 x tp 2) vs 1 process, steps 1-{STEPS}: largest loss difference {worst['loss']:.2e} (abs), "
-          f"grad norm {worst['grad_norm']:.2e} (rel)")
+    print(
+        f"8 ranks (dp 4 x tp 2) vs 1 process, steps 1-{STEPS}: largest loss difference {worst['loss']:.2e} (abs), "
+        f"grad norm {worst['grad_norm']:.2e} (rel)"
+    )

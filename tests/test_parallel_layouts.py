@@ -35,9 +35,22 @@ STEPS = 4  # parity window
 LOSS_TOL = 2e-5
 GRAD_NORM_RTOL = 5e-5
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a real W&B key (40 hex chars)
-TINY = ["--training.seq_len", "32", "--training.micro_batch_size", "2", "--training.global_batch_size", "4",
-        "--training.steps", str(STEPS), "--metrics.log_freq", "1", "--lr_scheduler.warmup_steps", "1",
-        "--metrics.count_comms", "true"]
+TINY = [
+    "--training.seq_len",
+    "32",
+    "--training.micro_batch_size",
+    "2",
+    "--training.global_batch_size",
+    "4",
+    "--training.steps",
+    str(STEPS),
+    "--metrics.log_freq",
+    "1",
+    "--lr_scheduler.warmup_steps",
+    "1",
+    "--metrics.count_comms",
+    "true",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -49,14 +62,33 @@ def free_port() -> int:
 
 
 def env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_API_KEY=FAKE_KEY, WANDB_SILENT="true",
-                PYTHONUNBUFFERED="1")
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        WANDB_MODE="offline",
+        WANDB_API_KEY=FAKE_KEY,
+        WANDB_SILENT="true",
+        PYTHONUNBUFFERED="1",
+    )
 
 
 def launch(nproc: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     """One single-node torchrun launcher (--standalone: c10d rendezvous on a free localhost port)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "titanloop.train", "--config", DEBUG, *TINY, "--training.run_dir", str(run_dir), *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "titanloop.train",
+        "--config",
+        DEBUG,
+        *TINY,
+        "--training.run_dir",
+        str(run_dir),
+        *overrides,
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
 
 
@@ -66,8 +98,12 @@ def metrics(run_dir: Path, skip: int = 0) -> dict[int, dict]:
     out = {}
     for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()[skip:]):
         comms = {k[5:]: v for k, v in rec.items() if k.startswith("comm/")}
-        out[rec["step"]] = {"loss": rec["loss"], "grad_norm": rec["grad_norm"], "skipped_steps": rec["skipped_steps"],
-                            "comms": comms}
+        out[rec["step"]] = {
+            "loss": rec["loss"],
+            "grad_norm": rec["grad_norm"],
+            "skipped_steps": rec["skipped_steps"],
+            "comms": comms,
+        }
     return out
 
 
@@ -81,8 +117,10 @@ def runs(tmp_path_factory):
     layouts = {
         "1 proc": (1, []),
         # + a NaN on the last rank at step 5 (after the parity window), W&B offline
-        "2-proc FSDP": (2, ["--training.steps", "6", "--training.inject_nan_steps", "[5]",
-                            "--metrics.wandb", "online"]),
+        "2-proc FSDP": (
+            2,
+            ["--training.steps", "6", "--training.inject_nan_steps", "[5]", "--metrics.wandb", "online"],
+        ),
         "2-proc TP": (2, ["--parallelism.tp", "2"]),
         "4-proc 2x2 FSDPxTP": (4, ["--parallelism.tp", "2"]),
     }
@@ -101,14 +139,37 @@ def runs(tmp_path_factory):
     port = free_port()
     procs = []
     for node_rank in range(2):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-               f"--node_rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-               "--rdzv-id=titanloop-test", "-m", "titanloop.train", "--config", DEBUG, *TINY,
-               "--training.run_dir", str(run_dir), "--parallelism.reshard_looped", "always",
-               "--training.steps", "10", "--training.inject_nan_steps", "[5, 6]", "--training.max_nan_steps", "2",
-               "--metrics.wandb", "online"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node_rank={node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=titanloop-test",
+            "-m",
+            "titanloop.train",
+            "--config",
+            DEBUG,
+            *TINY,
+            "--training.run_dir",
+            str(run_dir),
+            "--parallelism.reshard_looped",
+            "always",
+            "--training.steps",
+            "10",
+            "--training.inject_nan_steps",
+            "[5, 6]",
+            "--training.max_nan_steps",
+            "2",
+            "--metrics.wandb",
+            "online",
+        ]
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     results["multinode_out"] = [p.communicate(timeout=300)[0] for p in procs]
     results["multinode_rc"] = [p.returncode for p in procs]
     results["multinode"] = metrics(run_dir, skip=before)
@@ -132,8 +193,10 @@ def test_layouts_match_single_process_loss_and_grad_norm_every_step(runs):
             spread["grad_norm"] = max(spread["grad_norm"], abs(got["grad_norm"] / want["grad_norm"] - 1))
             assert got["loss"] == pytest.approx(want["loss"], rel=0, abs=LOSS_TOL), (name, step, got, want)
             assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=GRAD_NORM_RTOL, abs=0), (name, step)
-    print(f"largest difference from 1 process over steps 1-{STEPS}: loss {spread['loss']:.2e} (abs), "
-          f"grad norm {spread['grad_norm']:.2e} (rel)")
+    print(
+        f"largest difference from 1 process over steps 1-{STEPS}: loss {spread['loss']:.2e} (abs), "
+        f"grad norm {spread['grad_norm']:.2e} (rel)"
+    )
 
 
 def test_two_launchers_multi_node_match_single_launcher(runs):
@@ -178,8 +241,9 @@ def test_nan_on_one_rank_is_skipped_on_every_rank(runs):
 def test_consecutive_nans_stop_every_rank(runs):
     assert all(rc != 0 for rc in runs["multinode_rc"]), runs["multinode_rc"]  # both launchers ended, no hang
     out = "".join(runs["multinode_out"])
-    assert ("error: stopped at step 6 after 2 non-finite steps (loss or gradient norm) in a row "
-            "(training.max_nan_steps=2)") in out
+    assert (
+        "error: stopped at step 6 after 2 non-finite steps (loss or gradient norm) in a row (training.max_nan_steps=2)"
+    ) in out
     assert "step     7" not in out and 7 not in runs["multinode"]
 
 

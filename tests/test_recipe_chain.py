@@ -26,15 +26,32 @@ from titanloop.objectives import loop_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ROOT / "train_configs" / "tiny_chain"
-ORDER = [("stage1a", 2), ("stage1b_1p4b", 1), ("stage1b_2p6b_upcycle", 1), ("stage2_ct_anneal", 2),
-         ("stage3_longct", 1), ("stage4_midtrain", 1), ("gate_stage2", 1)]
+ORDER = [
+    ("stage1a", 2),
+    ("stage1b_1p4b", 1),
+    ("stage1b_2p6b_upcycle", 1),
+    ("stage2_ct_anneal", 2),
+    ("stage3_longct", 1),
+    ("stage4_midtrain", 1),
+    ("gate_stage2", 1),
+]
 
 pytestmark = pytest.mark.slow
 
 
 def _train(workdir: Path, stage: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "titanloop.train", "--config", str(CHAIN / f"{stage}.toml"), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "titanloop.train",
+        "--config",
+        str(CHAIN / f"{stage}.toml"),
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
 
@@ -57,8 +74,18 @@ def chain(tmp_path_factory):
         assert proc.returncode == 0, f"{stage} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         rows = _metrics(workdir, stage)
         cfg = load_config(CHAIN / f"{stage}.toml", world_size=nproc)
-        table.append((stage, nproc, rows[0]["n_loops"], cfg.objective.beta, rows[0]["lr"], rows[-1]["lr"],
-                      rows[0]["loss"], rows[-1]["loss"]))
+        table.append(
+            (
+                stage,
+                nproc,
+                rows[0]["n_loops"],
+                cfg.objective.beta,
+                rows[0]["lr"],
+                rows[-1]["lr"],
+                rows[0]["loss"],
+                rows[-1]["loss"],
+            )
+        )
     print("\nstage                  procs  T  beta  lr first   lr last  loss first  loss last")
     for r in table:
         print(f"{r[0]:<22} {r[1]:>5} {r[2]:>2} {r[3]:>5} {r[4]:>9.2e} {r[5]:>9.2e} {r[6]:>11.4f} {r[7]:>10.4f}")
@@ -74,16 +101,23 @@ def _first_step_reference(workdir: Path, stage: str, upcycle: str = "none") -> f
     state = prev.state_dict()
     model.load_state_dict(upcycle_state_dict(state, upcycle) if upcycle != "none" else state)
     t = cfg.training
-    loader = build_dataloader(dataclasses.replace(cfg.data, prefetch=0), seq_len=t.seq_len,
-                              micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
-                              dp_rank=0, dp_world=1, vocab_size=cfg.looplm.vocab_size)
+    loader = build_dataloader(
+        dataclasses.replace(cfg.data, prefetch=0),
+        seq_len=t.seq_len,
+        micro_batch_size=t.micro_batch_size,
+        global_batch_size=t.global_batch_size,
+        dp_rank=0,
+        dp_world=1,
+        vocab_size=cfg.looplm.vocab_size,
+    )
     losses = []
     with torch.no_grad():
         for _ in range(loader.grad_accum_at(0)):
             b = next(loader)
             out = model(b["input_ids"], cfg.loop_sampler.n_loops, doc_ids=b["doc_ids"])
-            loss, _ = loop_objective(cfg.objective, out.readouts, out.states, out.gate_logits, b["labels"],
-                                     model.lm_head.weight)
+            loss, _ = loop_objective(
+                cfg.objective, out.readouts, out.states, out.gate_logits, b["labels"], model.lm_head.weight
+            )
             losses.append(float(loss))
     return sum(losses) / len(losses)
 
@@ -100,9 +134,14 @@ def test_every_stage_trains_from_the_previous_checkpoint(chain):
     assert s2[0]["lr"] == pytest.approx(3e-3) and s2[-1]["lr"] < s2[0]["lr"]  # cosine decay within the stage
 
 
-@pytest.mark.parametrize("stage,upcycle", [("stage1b_1p4b", "none"),          # T 8 -> 4, 2 ranks -> 1
-                                           ("stage2_ct_anneal", "none"),      # RoPE 10K -> 40K, seq 64 -> 128
-                                           ("stage1b_2p6b_upcycle", "stack")])  # 2 -> 4 looped layers
+@pytest.mark.parametrize(
+    "stage,upcycle",
+    [
+        ("stage1b_1p4b", "none"),  # T 8 -> 4, 2 ranks -> 1
+        ("stage2_ct_anneal", "none"),  # RoPE 10K -> 40K, seq 64 -> 128
+        ("stage1b_2p6b_upcycle", "stack"),
+    ],
+)  # 2 -> 4 looped layers
 def test_first_step_loss_is_the_loaded_models(chain, stage, upcycle):
     logged = _metrics(chain, stage)[0]["loss"]
     assert logged == pytest.approx(_first_step_reference(chain, stage, upcycle), rel=1e-5, abs=1e-5)
@@ -130,8 +169,7 @@ def test_resuming_inside_a_stage_ignores_init_from(chain, tmp_path):
     assert proc.returncode != 0  # the worker exits 2; torchrun reports it as 1
     assert "error: lr_scheduler changed since the checkpoint (total_steps: 4 -> 6)" in proc.stderr
     assert [r["step"] for r in _metrics(work, "stage2_ct_anneal")] == [1, 2, 3, 4]
-    proc = _train(work, "stage2_ct_anneal", 1, "--training.steps", "6", "--lr_scheduler.allow_schedule_change",
-                  "true")
+    proc = _train(work, "stage2_ct_anneal", 1, "--training.steps", "6", "--lr_scheduler.allow_schedule_change", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _metrics(work, "stage2_ct_anneal")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # steps 5-6 appended after resuming at step 4
@@ -141,21 +179,31 @@ def test_bad_previous_checkpoint_fails_with_one_line_and_writes_nothing(chain, t
     work = tmp_path / "w"
     shutil.copytree(chain / "runs", work / "runs")
     # wrong layer count without the upcycle step
-    proc = _train(work, "stage1b_2p6b_upcycle", 1, "--stage.upcycle", "none",
-                  "--training.run_dir", "runs/tiny_chain/other")
+    proc = _train(
+        work, "stage1b_2p6b_upcycle", 1, "--stage.upcycle", "none", "--training.run_dir", "runs/tiny_chain/other"
+    )
     assert proc.returncode != 0
     assert "set stage.upcycle" in proc.stderr + proc.stdout
     assert not (work / "runs/tiny_chain/other/checkpoints").exists() or not any(
-        (work / "runs/tiny_chain/other/checkpoints").iterdir())
+        (work / "runs/tiny_chain/other/checkpoints").iterdir()
+    )
     # a missing previous checkpoint
-    proc = _train(work, "stage1b_1p4b", 1, "--stage.init_from", "runs/nowhere/checkpoints",
-                  "--training.run_dir", "runs/tiny_chain/other2")
+    proc = _train(
+        work,
+        "stage1b_1p4b",
+        1,
+        "--stage.init_from",
+        "runs/nowhere/checkpoints",
+        "--training.run_dir",
+        "runs/tiny_chain/other2",
+    )
     assert proc.returncode != 0 and "does not exist" in proc.stderr + proc.stdout
 
 
 def test_stage_errors_name_what_differs(chain):
-    model = LoopLM(load_config(CHAIN / "stage1b_1p4b.toml", world_size=1).looplm.replace(hidden_size=128,
-                                                                                          ffn_hidden_size=352))
+    model = LoopLM(
+        load_config(CHAIN / "stage1b_1p4b.toml", world_size=1).looplm.replace(hidden_size=128, ffn_hidden_size=352)
+    )
     with pytest.raises(ConfigError, match="embed_tokens.weight.*shape"):
         previous_stage_state(StageSection(init_from=str(_ckpt(chain, "stage1a"))), model)
     with pytest.raises(ConfigError, match="stage.upcycle"):

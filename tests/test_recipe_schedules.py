@@ -26,8 +26,10 @@ def _lrs(opt, sched, n):
 
 
 def test_warmup_then_constant_stage1a():
-    f = [lr_factor(s, warmup_steps=10, total_steps=100, decay_ratio=0.0, decay_type="linear", min_lr_factor=0.0)
-         for s in range(100)]
+    f = [
+        lr_factor(s, warmup_steps=10, total_steps=100, decay_ratio=0.0, decay_type="linear", min_lr_factor=0.0)
+        for s in range(100)
+    ]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(x == 1.0 for x in f[10:])
 

@@ -5,8 +5,7 @@ import torch
 
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, preset
-from titanloop.recipe.upcycle import (count_layers, new_layer_sources, upcycle_dcp, upcycle_model,
-                                      upcycle_state_dict)
+from titanloop.recipe.upcycle import count_layers, new_layer_sources, upcycle_dcp, upcycle_model, upcycle_state_dict
 
 
 def _by_hand(model: LoopLM, order_layers, ids, n_loops):
@@ -47,7 +46,8 @@ def test_orders():
 
 def test_optimizer_state_duplicated_and_prelude_untouched():
     sd = {
-        "model.layers.0.w": torch.tensor([1.0]), "model.layers.1.w": torch.tensor([2.0]),
+        "model.layers.0.w": torch.tensor([1.0]),
+        "model.layers.1.w": torch.tensor([2.0]),
         "model.prelude.0.w": torch.tensor([9.0]),
         "optimizer.state.layers.1.w.exp_avg": torch.tensor([5.0]),
         "optimizer.state.layers.0.w.step": torch.tensor(7.0),

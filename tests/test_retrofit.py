@@ -20,8 +20,16 @@ def _save_tiny(path, kind: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0 if kind == "qwen2" else 1)
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=L, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0)
+    common = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=L,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+    )
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
     else:
@@ -105,8 +113,9 @@ def test_zero_init_changes_nothing_then_training_does(dense, modulation):
     plain = load_retrofit(_cfg(path, modulation="none", n_loops=3)).eval()
     model = load_retrofit(_cfg(path, modulation=modulation, n_loops=3)).eval()
     with torch.no_grad():
-        torch.testing.assert_close(model(ids, return_logits="last").logits, plain(ids, return_logits="last").logits,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            model(ids, return_logits="last").logits, plain(ids, return_logits="last").logits, rtol=0, atol=0
+        )
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.split(".")[0] in ("modulation", "recurrence_gate", "step_norms") for n in trainable)
     _randomize(model.modulation)
@@ -132,8 +141,9 @@ def test_low_rank_application_equals_materialized_weights(dense):
         for k in TARGETS:
             sub = layer.self_attn if k in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
             getattr(sub, k).weight += model.lora.delta_weight(k, deltas[k].view(-1), model.rcfg.lora_scale)
-        torch.testing.assert_close(model(ids, return_logits="last").logits,
-                                   dense_model(ids, return_logits="last").logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            model(ids, return_logits="last").logits, dense_model(ids, return_logits="last").logits, rtol=1e-4, atol=1e-4
+        )
 
 
 def test_low_rank_per_token_delta(dense):
@@ -214,12 +224,14 @@ def test_export_round_trip(dense, tmp_path, modulation, pooling):
         ref = model(ids, return_logits="last").logits
         hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
         torch.testing.assert_close(hf(ids).logits, ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(hf(ids, n_loops=2).logits, model(ids, 2, return_logits="last").logits,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            hf(ids, n_loops=2).logits, model(ids, 2, return_logits="last").logits, rtol=1e-5, atol=1e-5
+        )
         back = load_exported(out).eval()
         torch.testing.assert_close(back(ids, return_logits="last").logits, ref, rtol=0, atol=0)
-    assert {n for n, p in back.named_parameters() if p.requires_grad} == \
-        {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {n for n, p in back.named_parameters() if p.requires_grad} == {
+        n for n, p in model.named_parameters() if p.requires_grad
+    }
 
 
 def test_training_config_section_and_checks(dense):
@@ -231,15 +243,30 @@ def test_training_config_section_and_checks(dense):
 
     path, _ = dense
     config = Path(__file__).resolve().parents[1] / "train_configs" / "ouroboros_retrofit.toml"
-    base = ["--retrofit.hf_path", str(path), "--retrofit.n_prelude", "2", "--retrofit.recurrent_layer", "3",
-            "--retrofit.n_coda", "1", "--data.kind", "synthetic_text", "--training.seq_len", "32"]
+    base = [
+        "--retrofit.hf_path",
+        str(path),
+        "--retrofit.n_prelude",
+        "2",
+        "--retrofit.recurrent_layer",
+        "3",
+        "--retrofit.n_coda",
+        "1",
+        "--data.kind",
+        "synthetic_text",
+        "--training.seq_len",
+        "32",
+    ]
     cfg = load_config(config, base, world_size=2)
     assert family_of(cfg).name == "retrofit" and cfg.looplm.vocab_size == 96 and cfg.looplm.n_prelude_layers == 2
-    for extra, needle in [(["--objective.name", "stage1"], "final_only"), (["--parallelism.tp", "2"], "tensor"),
-                          (["--model.n_loops", "2"], r"no \[model\] keys"),
-                          (["--loop_sampler.n_loops", "20"], "max_loops"),
-                          (["--retrofit.recurrent_layer", "5"], "recurrent_layer"),
-                          (["--parallelism.engine", "deepspeed"], "'fsdp2' for a retrofit run")]:
+    for extra, needle in [
+        (["--objective.name", "stage1"], "final_only"),
+        (["--parallelism.tp", "2"], "tensor"),
+        (["--model.n_loops", "2"], r"no \[model\] keys"),
+        (["--loop_sampler.n_loops", "20"], "max_loops"),
+        (["--retrofit.recurrent_layer", "5"], "recurrent_layer"),
+        (["--parallelism.engine", "deepspeed"], "'fsdp2' for a retrofit run"),
+    ]:
         with pytest.raises(ConfigError, match=needle):
             load_config(config, base + extra, world_size=2)
 
@@ -260,11 +287,30 @@ def test_training_flop_count_of_a_retrofit_run_is_its_own(dense):
     path, _ = dense
     config = Path(__file__).resolve().parents[1] / "train_configs" / "ouroboros_retrofit.toml"
     b, s, t = 2, 24, 3
-    cfg = load_config(config, ["--retrofit.hf_path", str(path), "--retrofit.n_prelude", "2",
-                               "--retrofit.recurrent_layer", "3", "--retrofit.n_coda", "1", "--retrofit.lora_rank", "4",
-                               "--retrofit.style_dim", "8",
-                               "--data.kind", "synthetic_text", "--training.seq_len", str(s),
-                               "--loop_sampler.n_loops", str(t)], world_size=1)
+    cfg = load_config(
+        config,
+        [
+            "--retrofit.hf_path",
+            str(path),
+            "--retrofit.n_prelude",
+            "2",
+            "--retrofit.recurrent_layer",
+            "3",
+            "--retrofit.n_coda",
+            "1",
+            "--retrofit.lora_rank",
+            "4",
+            "--retrofit.style_dim",
+            "8",
+            "--data.kind",
+            "synthetic_text",
+            "--training.seq_len",
+            str(s),
+            "--loop_sampler.n_loops",
+            str(t),
+        ],
+        world_size=1,
+    )
     family = family_of(cfg)
     model = family.build(cfg)
     _randomize(model.modulation)

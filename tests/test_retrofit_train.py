@@ -32,11 +32,38 @@ RETROFIT = {"n_prelude": 2, "recurrent_layer": 3, "n_coda": 1, "lora_rank": 4, "
 
 
 def _args(hf: Path, run_dir: Path) -> list[str]:
-    args = ["--retrofit.hf_path", str(hf), "--loop_sampler.n_loops", "2", "--data.kind", "synthetic_text",
-            "--training.seq_len", "32", "--training.micro_batch_size", "2", "--training.global_batch_size", "4",
-            "--training.steps", str(STEPS), "--training.run_dir", str(run_dir), "--checkpoint.interval", "2",
-            "--checkpoint.keep_latest_k", "2", "--lr_scheduler.warmup_steps", "2", "--optimizer.lr", "0.01",
-            "--metrics.wandb", "off", "--metrics.log_freq", "1", "--metrics.count_comms", "true"]
+    args = [
+        "--retrofit.hf_path",
+        str(hf),
+        "--loop_sampler.n_loops",
+        "2",
+        "--data.kind",
+        "synthetic_text",
+        "--training.seq_len",
+        "32",
+        "--training.micro_batch_size",
+        "2",
+        "--training.global_batch_size",
+        "4",
+        "--training.steps",
+        str(STEPS),
+        "--training.run_dir",
+        str(run_dir),
+        "--checkpoint.interval",
+        "2",
+        "--checkpoint.keep_latest_k",
+        "2",
+        "--lr_scheduler.warmup_steps",
+        "2",
+        "--optimizer.lr",
+        "0.01",
+        "--metrics.wandb",
+        "off",
+        "--metrics.log_freq",
+        "1",
+        "--metrics.count_comms",
+        "true",
+    ]
     for k, v in RETROFIT.items():
         args += [f"--retrofit.{k}", str(v)]
     return args
@@ -45,8 +72,18 @@ def _args(hf: Path, run_dir: Path) -> list[str]:
 def _launch(hf: Path, run_dir: Path) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     n = len(list(run_dir.glob("launch-*.log")))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "titanloop.train", "--config", str(CONFIG), *_args(hf, run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "titanloop.train",
+        "--config",
+        str(CONFIG),
+        *_args(hf, run_dir),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     log = open(run_dir / f"launch-{n}.log", "w")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -67,9 +104,17 @@ def runs(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("retrofit_train")
     torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-                     ).save_pretrained(tmp / "dense")
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(tmp / "dense")
     ref = _launch(tmp / "dense", tmp / "uninterrupted")
     killed_dir = tmp / "killed"
     killed = _launch(tmp / "dense", killed_dir)
@@ -133,15 +178,42 @@ def test_export_cli_of_the_trained_run(runs, tmp_path):
 
     tmp, _ = runs
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "titanloop.retrofit", "export", "--checkpoint",
-                           str(tmp / "uninterrupted" / "checkpoints"), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanloop.retrofit",
+            "export",
+            "--checkpoint",
+            str(tmp / "uninterrupted" / "checkpoints"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
     model = load_retrofit_checkpoint(tmp / "uninterrupted" / "checkpoints")
     with torch.no_grad():
         hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
         torch.testing.assert_close(hf(ids).logits, model(ids, return_logits="last").logits, rtol=1e-5, atol=1e-5)
-    bad = subprocess.run([sys.executable, "-m", "titanloop.retrofit", "export", "--checkpoint", str(tmp_path),
-                          "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanloop.retrofit",
+            "export",
+            "--checkpoint",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.strip().splitlines()) == 1

@@ -42,8 +42,12 @@ def _model_and_opt():
 
 
 def _checkpointer(run_dir, model, opt):
-    return Checkpointer(CheckpointConfig(mode="sync"), run_dir, {"model": model, "optimizer": opt},
-                        config={"model": {"preset": "debug-tiny", "vocab_size": 64}})
+    return Checkpointer(
+        CheckpointConfig(mode="sync"),
+        run_dir,
+        {"model": model, "optimizer": opt},
+        config={"model": {"preset": "debug-tiny", "vocab_size": 64}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -141,36 +145,45 @@ def unsafe_load_calls(path: Path, source: str) -> list[str]:
     that do not go through it. Returns 'file:line: what' for each."""
     bad = []
     for node in ast.walk(ast.parse(source, str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module == "pickle" and any(
-                a.name in ("load", "loads", "Unpickler") for a in node.names):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "pickle"
+            and any(a.name in ("load", "loads", "Unpickler") for a in node.names)
+        ):
             bad.append(f"{path}:{node.lineno}: from pickle import {', '.join(a.name for a in node.names)}")
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
         name = f"{owner}.{node.func.attr}"
         if name == "torch.load":
-            safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
-                       for k in node.keywords)
+            safe = any(
+                k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in node.keywords
+            )
             if not safe:
                 bad.append(f"{path}:{node.lineno}: torch.load( without weights_only=True")
         elif name in ("pickle.load", "pickle.loads"):
             bad.append(f"{path}:{node.lineno}: {name}(")
-        elif str(path) != SAFE_READER and (name == "dcp.load" or node.func.attr in (
-                "FileSystemReader", "_load_state_dict_from_keys", "read_metadata")):
+        elif str(path) != SAFE_READER and (
+            name == "dcp.load" or node.func.attr in ("FileSystemReader", "_load_state_dict_from_keys", "read_metadata")
+        ):
             bad.append(f"{path}:{node.lineno}: {name}( outside {SAFE_READER} (use load_dcp / read_dcp_entries)")
     return bad
 
 
 def test_no_unsafe_load_calls_in_the_repository():
-    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert SAFE_READER in files
     bad = [b for f in files for b in unsafe_load_calls(Path(f), (ROOT / f).read_text())]
     assert not bad, "unsafe checkpoint loading:\n" + "\n".join(bad)
 
 
 def test_unsafe_load_check_catches_each_form():
-    src = ("import torch, pickle\nfrom pickle import loads\ntorch.load(f)\ntorch.load(f, weights_only=False)\n"
-           "torch.load(f, weights_only=True)\npickle.load(f)\ndcp.load(sd, checkpoint_id=p)\n")
+    src = (
+        "import torch, pickle\nfrom pickle import loads\ntorch.load(f)\ntorch.load(f, weights_only=False)\n"
+        "torch.load(f, weights_only=True)\npickle.load(f)\ndcp.load(sd, checkpoint_id=p)\n"
+    )
     found = unsafe_load_calls(Path("x.py"), src)
     assert [line.split(":")[1] for line in found] == ["2", "3", "4", "6", "7"], found

@@ -39,12 +39,38 @@ def _cluster_problem() -> str | None:
 
 def sbatch(run_dir: Path, steps: int, *sbatch_args: str, wandb: str = "offline") -> str:
     run_dir.mkdir(parents=True)
-    env = {**os.environ, "CPU": "1", "NPROC": "2", "TITANLOOP_CONFIG": "train_configs/debug.toml",
-           "TITANLOOP_RUN_DIR": str(run_dir), "TITANLOOP_RESIGNAL_S": "5", "WANDB_MODE": "offline"}
-    cmd = ["sbatch", "--parsable", "--nodes=1", "--gres=none", "--cpus-per-task=1", "--mem=4G", "--time=30",
-           "--signal=B:USR1@10", f"--output={run_dir}/slurm.out", *sbatch_args, "slurm/stage1a.sh",
-           "--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", "4",
-           "--metrics.log_freq", "1", "--metrics.wandb", wandb]
+    env = {
+        **os.environ,
+        "CPU": "1",
+        "NPROC": "2",
+        "TITANLOOP_CONFIG": "train_configs/debug.toml",
+        "TITANLOOP_RUN_DIR": str(run_dir),
+        "TITANLOOP_RESIGNAL_S": "5",
+        "WANDB_MODE": "offline",
+    }
+    cmd = [
+        "sbatch",
+        "--parsable",
+        "--nodes=1",
+        "--gres=none",
+        "--cpus-per-task=1",
+        "--mem=4G",
+        "--time=30",
+        "--signal=B:USR1@10",
+        f"--output={run_dir}/slurm.out",
+        *sbatch_args,
+        "slurm/stage1a.sh",
+        "--training.steps",
+        str(steps),
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        "4",
+        "--metrics.log_freq",
+        "1",
+        "--metrics.wandb",
+        wandb,
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -83,8 +109,9 @@ def test_sbatch_preempted_requeued_resumed_equals_uninterrupted(tmp_path):
     ref_job, job = sbatch(ref_dir, steps), sbatch(run_dir, steps)
     deadline = time.time() + 240
     while last_step(run_dir / "slurm.out") < 3:
-        assert time.time() < deadline and job_state(job)["JobState"] in ("PENDING", "RUNNING"), \
+        assert time.time() < deadline and job_state(job)["JobState"] in ("PENDING", "RUNNING"), (
             (run_dir / "slurm.out").read_text()[-3000:] if (run_dir / "slurm.out").exists() else job_state(job)
+        )
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
 
@@ -94,7 +121,7 @@ def test_sbatch_preempted_requeued_resumed_equals_uninterrupted(tmp_path):
     assert final["Restarts"] == "1", log[-3000:]  # requeued exactly once
     stop = int(re.search(r"preempted at step (\d+)", log).group(1))
     assert stop < steps and "restart 1:" in log and "requeueing" in log
-    after_requeue = log[log.index("restart 1:"):]
+    after_requeue = log[log.index("restart 1:") :]
     assert int(re.search(r"(?m)^step\s+(\d+) \|", after_requeue).group(1)) == stop + 1  # resumed, no replay
     run_ids = re.findall(r"W&B offline run id (\w+)", log)
     assert len(run_ids) == 2 and run_ids[0] == run_ids[1], run_ids  # the requeued job continues the W&B run
@@ -111,8 +138,10 @@ def test_sbatch_preempted_requeued_resumed_equals_uninterrupted(tmp_path):
         assert torch.equal(a[k], b[k]), k
     ma, mb = (json.loads((d / last / "titanloop.json").read_text()) for d in (ref_dir, run_dir))
     assert ma["states"] == mb["states"] and ma["stage"] == mb["stage"] == "stage1a"
-    print(f"slurm: preempted at step {stop}, requeued once, resumed at {stop + 1}, completed {steps} steps; "
-          f"{len(compared)} tensors + JSON state identical to the uninterrupted job")
+    print(
+        f"slurm: preempted at step {stop}, requeued once, resumed at {stop + 1}, completed {steps} steps; "
+        f"{len(compared)} tensors + JSON state identical to the uninterrupted job"
+    )
 
 
 def test_partition_preemption_sigterm_save_and_slurm_requeue(tmp_path):
@@ -133,15 +162,26 @@ def test_partition_preemption_sigterm_save_and_slurm_requeue(tmp_path):
     while last_step(run_dir / "slurm.out") < 3:
         assert time.time() < deadline and job_state(job)["JobState"] in ("PENDING", "RUNNING"), job_state(job)
         time.sleep(0.2)
-    urgent = subprocess.run(["sbatch", "--parsable", "--partition=urgent", f"--cpus-per-task={cpus[0]}",
-                             f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"],
-                            check=True, capture_output=True, text=True).stdout.strip()
+    urgent = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--partition=urgent",
+            f"--cpus-per-task={cpus[0]}",
+            f"--output={tmp_path}/urgent.out",
+            "--wrap",
+            "sleep 2",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     final = wait_done(job, run_dir, timeout=400)
     log = (run_dir / "slurm.out").read_text()
     assert job_state(urgent)["JobState"] == "COMPLETED"
     assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", log[-3000:]
     stop = int(re.search(r"preempted at step (\d+) \(signal SIGTERM\)", log).group(1))
-    after_requeue = log[log.index("restart 1:"):]
+    after_requeue = log[log.index("restart 1:") :]
     assert int(re.search(r"(?m)^step\s+(\d+) \|", after_requeue).group(1)) == stop + 1
     assert (run_dir / "checkpoints" / f"step-{steps:08d}").is_dir()
     print(f"slurm partition preemption: SIGTERM save at step {stop}, requeued by Slurm, resumed at {stop + 1}")

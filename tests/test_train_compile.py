@@ -43,18 +43,48 @@ BF16_STEP1_RTOL = 1e-3
 # 2.14e-3 / 1.19e-3, frozen 4.30e-2 / 6.41e-2 / 5.64e-2, ratio 0.035 / 0.033 / 0.021; step 1 relative 1.0-4.8e-5.
 LOST_UPDATES_RATIO = 0.25
 BF16_ARGS = ["--training.steps", str(STEPS), "--optimizer.lr", "1e-3"]
-COMMON = ["--config", str(REPO / "train_configs" / "debug.toml"), "--training.seq_len", "32",
-          "--training.micro_batch_size", "2", "--training.global_batch_size", "4", "--metrics.log_freq", "1",
-          "--parallelism.activation_checkpoint", "loop", "--lr_scheduler.warmup_steps", "2"]
+COMMON = [
+    "--config",
+    str(REPO / "train_configs" / "debug.toml"),
+    "--training.seq_len",
+    "32",
+    "--training.micro_batch_size",
+    "2",
+    "--training.global_batch_size",
+    "4",
+    "--metrics.log_freq",
+    "1",
+    "--parallelism.activation_checkpoint",
+    "loop",
+    "--lr_scheduler.warmup_steps",
+    "2",
+]
 
 pytestmark = pytest.mark.slow
 
 
 def _launch(run_dir: Path, *extra: str) -> tuple[dict[int, dict], str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "titanloop.train", *COMMON, "--training.run_dir", str(run_dir), *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "titanloop.train",
+        *COMMON,
+        "--training.run_dir",
+        str(run_dir),
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
     return recs, proc.stdout + proc.stderr
@@ -68,14 +98,44 @@ def runs(tmp_path_factory):
     fp32_t4, _ = _launch(root / "fp32_t4", *BF16_ARGS)
     bf16, out_bf16 = _launch(root / "bf16", *BF16_ARGS, "--training.dtype", "bfloat16")
     frozen, _ = _launch(root / "bf16_frozen", *BF16_ARGS, "--training.dtype", "bfloat16", "--optimizer.lr", "1e-9")
-    compiled, out = _launch(root / "compiled", *stage_a, "--parallelism.compile", "true",
-                            "--checkpoint.enable", "true", "--checkpoint.interval", str(STEPS))
-    stage_b, out_b = _launch(root / "stage_b", "--training.steps", "10", "--loop_sampler.n_loops", "4",
-                             "--loop_sampler.kind", "uniform", "--loop_sampler.min_sampled", "2",
-                             "--loop_sampler.max_sampled", "4", "--parallelism.compile", "true",
-                             "--stage.init_from", str(root / "compiled" / "checkpoints"))
-    return {"eager": eager, "compiled": compiled, "stage_b": stage_b, "out": out, "out_b": out_b, "bf16": bf16,
-            "out_bf16": out_bf16, "fp32_t4": fp32_t4, "frozen": frozen}
+    compiled, out = _launch(
+        root / "compiled",
+        *stage_a,
+        "--parallelism.compile",
+        "true",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        str(STEPS),
+    )
+    stage_b, out_b = _launch(
+        root / "stage_b",
+        "--training.steps",
+        "10",
+        "--loop_sampler.n_loops",
+        "4",
+        "--loop_sampler.kind",
+        "uniform",
+        "--loop_sampler.min_sampled",
+        "2",
+        "--loop_sampler.max_sampled",
+        "4",
+        "--parallelism.compile",
+        "true",
+        "--stage.init_from",
+        str(root / "compiled" / "checkpoints"),
+    )
+    return {
+        "eager": eager,
+        "compiled": compiled,
+        "stage_b": stage_b,
+        "out": out,
+        "out_b": out_b,
+        "bf16": bf16,
+        "out_bf16": out_bf16,
+        "fp32_t4": fp32_t4,
+        "frozen": frozen,
+    }
 
 
 def test_compiled_loss_matches_eager_for_20_steps(runs):
@@ -112,6 +172,8 @@ def test_bf16_params_with_fp32_reduce_follow_fp32(runs):
     later = range(2, STEPS + 1)
     bf16_gap = sum(abs(bf16[s]["loss"] - fp32[s]["loss"]) for s in later) / len(later)
     frozen_gap = sum(abs(frozen[s]["loss"] - fp32[s]["loss"]) for s in later) / len(later)
-    print(f"bf16 vs fp32 loss: step 1 relative {step1:.1e}; mean |difference| steps 2-{STEPS}: bf16 {bf16_gap:.2e}, "
-          f"bf16 without updates {frozen_gap:.2e} (ratio {bf16_gap / frozen_gap:.2f})")
+    print(
+        f"bf16 vs fp32 loss: step 1 relative {step1:.1e}; mean |difference| steps 2-{STEPS}: bf16 {bf16_gap:.2e}, "
+        f"bf16 without updates {frozen_gap:.2e} (ratio {bf16_gap / frozen_gap:.2f})"
+    )
     assert bf16_gap <= LOST_UPDATES_RATIO * frozen_gap, (bf16_gap, frozen_gap)

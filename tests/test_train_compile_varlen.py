@@ -19,19 +19,52 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 10
 LOSS_TOL = 2e-3
-COMMON = ["--config", str(REPO / "train_configs" / "demo.toml"), "--training.steps", str(STEPS),
-          "--metrics.log_freq", "1", "--checkpoint.enable", "false", "--parallelism.activation_checkpoint", "loop",
-          "--model.attention_backend", "varlen", "--loop_sampler.kind", "uniform", "--loop_sampler.min_sampled", "2",
-          "--loop_sampler.max_sampled", "4"]
+COMMON = [
+    "--config",
+    str(REPO / "train_configs" / "demo.toml"),
+    "--training.steps",
+    str(STEPS),
+    "--metrics.log_freq",
+    "1",
+    "--checkpoint.enable",
+    "false",
+    "--parallelism.activation_checkpoint",
+    "loop",
+    "--model.attention_backend",
+    "varlen",
+    "--loop_sampler.kind",
+    "uniform",
+    "--loop_sampler.min_sampled",
+    "2",
+    "--loop_sampler.max_sampled",
+    "4",
+]
 
 pytestmark = pytest.mark.slow
 
 
 def _launch(run_dir: Path, *extra: str) -> dict[int, dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "titanloop.train", *COMMON, "--training.run_dir", str(run_dir), *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "titanloop.train",
+        *COMMON,
+        "--training.run_dir",
+        str(run_dir),
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 

@@ -47,6 +47,7 @@ N_LAYERS, LINEARS_PER_LAYER = 2, 7  # debug-tiny's looped stack: q, k, v, o, gat
 STEP_MEASURED, WINDOW_MEASURED = 0.0068, 0.0244
 STEP_TOL, WINDOW_TOL = 0.02, 0.075
 
+
 def test_float8_is_refused_where_it_is_not_built():
     for overrides, world, needle in [
         (["--parallelism.tp", "2"], 2, "parallelism.tp=2"),
@@ -135,11 +136,29 @@ def loss_runs(tmp_path_factory):
     from test_train_preemption import run
 
     root = tmp_path_factory.mktemp("float8_loss")
-    common = ["--training.steps", "50", "--training.seed", str(LOSS_SEED), "--optimizer.lr", "3e-3",
-              "--checkpoint.enable", "false", "--metrics.count_comms", "true"]
+    common = [
+        "--training.steps",
+        "50",
+        "--training.seed",
+        str(LOSS_SEED),
+        "--optimizer.lr",
+        "3e-3",
+        "--checkpoint.enable",
+        "false",
+        "--metrics.count_comms",
+        "true",
+    ]
     runs = {r: run(root / r, 2, *common, *_f8(r)).run_dir for r in ("off", *RECIPES)}
-    runs["always"] = run(root / "always", 2, *common, "--training.steps", "3", *_f8("tensorwise"),
-                         "--parallelism.reshard_looped", "always").run_dir
+    runs["always"] = run(
+        root / "always",
+        2,
+        *common,
+        "--training.steps",
+        "3",
+        *_f8("tensorwise"),
+        "--parallelism.reshard_looped",
+        "always",
+    ).run_dir
     return runs
 
 
@@ -154,9 +173,11 @@ def test_float8_loss_follows_fp32_within_the_stated_tolerance(loss_runs, recipe)
     early = max(abs(got[s] - ref[s]) for s in range(1, 6))
     window = {name: sum(losses[s] for s in range(41, 51)) / 10 for name, losses in (("f8", got), ("fp32", ref))}
     first = sum(got[s] for s in range(1, 11)) / 10
-    print(f"{recipe} (seed {LOSS_SEED}): steps 1-5 max |loss - fp32 loss| {early:.4f} (tolerance {STEP_TOL}); "
-          f"mean loss of steps 41-50 {window['f8']:.4f} vs fp32 {window['fp32']:.4f}: "
-          f"{abs(window['f8'] - window['fp32']):.4f} (tolerance {WINDOW_TOL}); float8 steps 1-10 {first:.4f}")
+    print(
+        f"{recipe} (seed {LOSS_SEED}): steps 1-5 max |loss - fp32 loss| {early:.4f} (tolerance {STEP_TOL}); "
+        f"mean loss of steps 41-50 {window['f8']:.4f} vs fp32 {window['fp32']:.4f}: "
+        f"{abs(window['f8'] - window['fp32']):.4f} (tolerance {WINDOW_TOL}); float8 steps 1-10 {first:.4f}"
+    )
     assert early < STEP_TOL
     assert abs(window["f8"] - window["fp32"]) < WINDOW_TOL
     assert any(got[s] != ref[s] for s in ref)  # float8 changed the numerics: the conversion is on
@@ -175,8 +196,10 @@ def test_weights_are_cast_once_per_step_when_the_looped_stack_is_gathered_once(l
             assert rec["comm/float8_weight_cast"] == (weights if once else 2 * t * weights), (name, step, rec)
             # one all-gather per layer per step (+ the root) unless the looped stack reshards after every use
             assert rec["comm/all_gather"] == 1 + N_LAYERS * (2 * t if reshards else 1), (name, step, rec)
-    print(f"float8 weight casts per step at T=4: {weights} for {weights} weights (tensorwise, gathered once) vs "
-          f"{8 * weights} (rowwise; tensorwise with reshard_looped='always')")
+    print(
+        f"float8 weight casts per step at T=4: {weights} for {weights} weights (tensorwise, gathered once) vs "
+        f"{8 * weights} (rowwise; tensorwise with reshard_looped='always')"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +242,9 @@ def test_float8_checkpoints_have_the_fp32_layout(resume_runs, recipe):
     # plain tensors: no torchao class pickled (a run without torchao imported could not unpickle one)
     assert not any(b"torchao" in p.read_bytes() for p in ckpt.glob("*.distcp"))
     assert got.keys() == ref.keys()
-    assert {k: (v.dtype, v.shape) for k, v in got.items() if torch.is_tensor(v)} == \
-        {k: (v.dtype, v.shape) for k, v in ref.items() if torch.is_tensor(v)}
+    assert {k: (v.dtype, v.shape) for k, v in got.items() if torch.is_tensor(v)} == {
+        k: (v.dtype, v.shape) for k, v in ref.items() if torch.is_tensor(v)
+    }
 
 
 @pytest.mark.slow

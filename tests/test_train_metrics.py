@@ -21,8 +21,16 @@ def test_wandb_failure_is_survived(tmp_path, capsys):
     cfg = SimpleNamespace(wandb="off", wandb_project="p", wandb_entity=None, run_name=None)
     logger = MetricsLogger(cfg, str(tmp_path), rank=0, config_dict={})
     dead = logger.run = _DeadRun()
-    scalars = {"loss": 1.0, "n_loops": 2, "gate_entropy": 0.5, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 10.0,
-               "tflops": 0.0, "mfu": None}
+    scalars = {
+        "loss": 1.0,
+        "n_loops": 2,
+        "gate_entropy": 0.5,
+        "grad_norm": 1.0,
+        "lr": 1e-3,
+        "tokens_per_s": 10.0,
+        "tflops": 0.0,
+        "mfu": None,
+    }
     per_loop = {"ce": [1.0, 0.9], "exit_prob": [0.5, 0.5], "hidden_rms": [1.0, 1.0]}
     logger.log(1, scalars, per_loop)
     logger.log(2, scalars, per_loop)
@@ -48,12 +56,30 @@ def test_wandb_offline_panels_validation_section_config_and_commit(tmp_path, cap
     logged = []
     real_log = logger.run.log
     logger.run.log = lambda data, step: (logged.append((step, data)), real_log(data, step=step))[1]
-    scalars = {"loss": 1.0, "n_loops": 2, "gate_entropy": 0.5, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 10.0,
-               "tflops": 0.0, "mfu": None, "time/forward_s": 0.1}
-    val = {"val/loss/loop_1": 2.0, "val/loss/loop_2": 1.5, "val/loss/loop_4": 1.7, "val/ppl/loop_1": 7.4,
-           "val/ppl/loop_2": 4.5, "val/ppl/loop_4": 5.5,
-           "val/exit_depth": 1.6, "val/q_exit/q0.5/loss": 1.8, "val/q_exit/q0.5/avg_loops": 1.2,
-           "val/tokens": 10, "val/seconds": 0.1}
+    scalars = {
+        "loss": 1.0,
+        "n_loops": 2,
+        "gate_entropy": 0.5,
+        "grad_norm": 1.0,
+        "lr": 1e-3,
+        "tokens_per_s": 10.0,
+        "tflops": 0.0,
+        "mfu": None,
+        "time/forward_s": 0.1,
+    }
+    val = {
+        "val/loss/loop_1": 2.0,
+        "val/loss/loop_2": 1.5,
+        "val/loss/loop_4": 1.7,
+        "val/ppl/loop_1": 7.4,
+        "val/ppl/loop_2": 4.5,
+        "val/ppl/loop_4": 5.5,
+        "val/exit_depth": 1.6,
+        "val/q_exit/q0.5/loss": 1.8,
+        "val/q_exit/q0.5/avg_loops": 1.2,
+        "val/tokens": 10,
+        "val/seconds": 0.1,
+    }
     for step in (1, 2, 3):
         per_loop = {"ce": [1.0 / step, 0.9 / step], "exit_prob": [0.5, 0.5], "hidden_rms": [1.0, 1.0]}
         logger.log(step, scalars, per_loop, val if step == 3 else None)
@@ -84,9 +110,17 @@ def test_validation_of_a_skipped_step_is_still_logged(tmp_path, capsys):
 
     cfg = SimpleNamespace(wandb="off", wandb_project="p", wandb_entity=None, run_name=None)
     logger = MetricsLogger(cfg, str(tmp_path), rank=0, config_dict={}, trained_loops=1)
-    val = {"val/loss/loop_1": 2.0, "val/ppl/loop_1": 7.39, "val/loss/loop_2": 1.9, "val/ppl/loop_2": 6.69,
-           "val/exit_depth": 1.0, "val/q_exit/q0.5/loss": 2.0, "val/q_exit/q0.5/avg_loops": 1.0, "val/tokens": 8,
-           "val/seconds": 0.1}
+    val = {
+        "val/loss/loop_1": 2.0,
+        "val/ppl/loop_1": 7.39,
+        "val/loss/loop_2": 1.9,
+        "val/ppl/loop_2": 6.69,
+        "val/exit_depth": 1.0,
+        "val/q_exit/q0.5/loss": 2.0,
+        "val/q_exit/q0.5/avg_loops": 1.0,
+        "val/tokens": 8,
+        "val/seconds": 0.1,
+    }
     logger.log_validation(6, val)
     out = capsys.readouterr().out
     assert out.startswith("val      6 | loss/T 1:2.000 2:1.900 | ppl/T 1:7.39 2:6.69 | E[exit] 1.00 of 1")

@@ -22,15 +22,35 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def skip_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("nonfinite") / "skip"
-    return run_dir, launch(2, run_dir, "--training.steps", "5", "--training.inject_nan_grad_steps", "[3]",
-                           "--training.dtype", "bfloat16", "--metrics.count_comms", "false")
+    return run_dir, launch(
+        2,
+        run_dir,
+        "--training.steps",
+        "5",
+        "--training.inject_nan_grad_steps",
+        "[3]",
+        "--training.dtype",
+        "bfloat16",
+        "--metrics.count_comms",
+        "false",
+    )
 
 
 @pytest.fixture(scope="module")
 def stop_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("nonfinite") / "stop"
-    return run_dir, launch(2, run_dir, "--training.steps", "5", "--training.inject_nan_grad_steps", "[2]",
-                           "--training.on_nonfinite", "stop", "--metrics.count_comms", "false")
+    return run_dir, launch(
+        2,
+        run_dir,
+        "--training.steps",
+        "5",
+        "--training.inject_nan_grad_steps",
+        "[2]",
+        "--training.on_nonfinite",
+        "stop",
+        "--metrics.count_comms",
+        "false",
+    )
 
 
 def test_nonfinite_grad_norm_is_skipped_and_recorded(skip_run):
@@ -54,7 +74,8 @@ def test_nonfinite_grad_norm_stops_when_configured(stop_run):
     # every reported failure is exit 3 or that SIGTERM. Both ranks reaching the stop is shown by their records.
     codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
     assert proc.returncode != 0 and "3" in codes and set(codes) <= {"3", "-15"}, out[-3000:]
-    assert ("error: stopped at step 2 after 1 non-finite steps (loss or gradient norm) in a row "
-            "(training.on_nonfinite='stop')") in out
-    assert sorted(p.name for p in (run_dir / "nonfinite").iterdir()) == ["step-2.rank-0.json",
-                                                                               "step-2.rank-1.json"]
+    assert (
+        "error: stopped at step 2 after 1 non-finite steps (loss or gradient norm) in a row "
+        "(training.on_nonfinite='stop')"
+    ) in out
+    assert sorted(p.name for p in (run_dir / "nonfinite").iterdir()) == ["step-2.rank-0.json", "step-2.rank-1.json"]

@@ -52,9 +52,24 @@ STEPS = 16
 # consecutive steps' losses differ by >= 8.4e-4.
 RESHARD_LOSS_TOL = 5e-5
 RESHARD_GRAD_RTOL = 1e-3
-ARGS = ["--config", str(REPO / "train_configs" / "debug.toml"), "--training.steps", str(STEPS),
-        "--metrics.log_freq", "1", "--metrics.wandb", "off", "--checkpoint.enable", "true",
-        "--checkpoint.interval", "3", "--checkpoint.keep_latest_k", "2", "--checkpoint.mode", "sync"]
+ARGS = [
+    "--config",
+    str(REPO / "train_configs" / "debug.toml"),
+    "--training.steps",
+    str(STEPS),
+    "--metrics.log_freq",
+    "1",
+    "--metrics.wandb",
+    "off",
+    "--checkpoint.enable",
+    "true",
+    "--checkpoint.interval",
+    "3",
+    "--checkpoint.keep_latest_k",
+    "2",
+    "--checkpoint.mode",
+    "sync",
+]
 # dp runs add STARS' Jacobian regularizer (its random probes must come back identical on resume at any world size;
 # tensor parallelism does not support it)
 JSRR = ["--objective.jsrr_weight", "0.1"]
@@ -76,13 +91,31 @@ class Launch:
         self.run_dir, self.log = run_dir, run_dir.parent / f"{run_dir.name}.{time.monotonic_ns()}.log"
         self.metrics = run_dir / "metrics.jsonl"
         self.skip = len(self.metrics.read_text().splitlines()) if self.metrics.is_file() else 0
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "titanloop.train", *ARGS, "--training.run_dir", str(run_dir), *extra]
-        env = {**{k: v for k, v in os.environ.items() if k != "WANDB_MODE"}, "OMP_NUM_THREADS": "1",
-               "PYTHONUNBUFFERED": "1", "WANDB_API_KEY": FAKE_KEY, "WANDB_SILENT": "true", **(env or {})}
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "titanloop.train",
+            *ARGS,
+            "--training.run_dir",
+            str(run_dir),
+            *extra,
+        ]
+        env = {
+            **{k: v for k, v in os.environ.items() if k != "WANDB_MODE"},
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "WANDB_API_KEY": FAKE_KEY,
+            "WANDB_SILENT": "true",
+            **(env or {}),
+        }
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def output(self) -> str:
         return self.log.read_text()
@@ -92,15 +125,16 @@ class Launch:
         if not self.metrics.is_file():
             return []
         text = self.metrics.read_text()
-        lines = text.splitlines()[self.skip:] if text.endswith("\n") else text.splitlines()[self.skip:-1]
+        lines = text.splitlines()[self.skip :] if text.endswith("\n") else text.splitlines()[self.skip : -1]
         return [json.loads(line)["step"] for line in lines]
 
     def wait_for_step(self, step: int, timeout: float = 240) -> None:
         deadline = time.time() + timeout
         while not any(s >= step for s in self.steps()):
             if self.proc.poll() is not None:
-                raise AssertionError(f"launch ended (exit {self.proc.returncode}) before step {step}:\n"
-                                     f"{self.output()[-3000:]}")
+                raise AssertionError(
+                    f"launch ended (exit {self.proc.returncode}) before step {step}:\n{self.output()[-3000:]}"
+                )
             if time.time() > deadline:
                 raise AssertionError(f"no step {step} after {timeout} s:\n{self.output()[-3000:]}")
             time.sleep(0.02)
@@ -214,8 +248,13 @@ def assert_bitwise_same_run(got_dir: Path, ref_dir: Path) -> None:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("preempt")
     rng = random.Random(SEED)
-    plan = {"usr1_step": rng.randint(2, 4), "usr1_rank": rng.randint(0, 1), "term_after": rng.randint(1, 3),
-            "tp_usr1_step": rng.randint(2, 8), "tp_usr1_rank": rng.randint(0, 1)}
+    plan = {
+        "usr1_step": rng.randint(2, 4),
+        "usr1_rank": rng.randint(0, 1),
+        "term_after": rng.randint(1, 3),
+        "tp_usr1_step": rng.randint(2, 8),
+        "tp_usr1_rank": rng.randint(0, 1),
+    }
     print(f"interruption plan (seed {SEED}): {plan}")
     r = {"root": root, "plan": plan, "stops": {}}
     t0 = time.time()
@@ -237,8 +276,7 @@ def runs(tmp_path_factory):
     r["tp2"] = root / "tp2"
     first = Launch(r["tp2"], 2, *tp)
     first.wait_for_step(1)
-    r["stops"]["tp_usr1"] = stop_with(first, signal.SIGUSR1, plan["tp_usr1_step"],
-                                      first.rank_pid(plan["tp_usr1_rank"]))
+    r["stops"]["tp_usr1"] = stop_with(first, signal.SIGUSR1, plan["tp_usr1_step"], first.rank_pid(plan["tp_usr1_rank"]))
     run(r["tp2"], 2, *tp)
 
     # W&B online, but unreachable: a closed port on the loopback interface (never any other address)
@@ -246,8 +284,10 @@ def runs(tmp_path_factory):
     last = run(root / "dp2_to_1", 1, *JSRR, "--metrics.wandb", "online", env=unreachable)
     r["dp2_to_1"], r["wandb_out"] = last.run_dir, last.output()
     r["outputs"] = [p.read_text() for p in root.glob("*.log")]
-    print(f"launches took {time.time() - t0:.0f} s; stops {r['stops']}, SIGKILL during the save of step "
-          f"{r['killed_save']} (fell back to {r['fallback']})")
+    print(
+        f"launches took {time.time() - t0:.0f} s; stops {r['stops']}, SIGKILL during the save of step "
+        f"{r['killed_save']} (fell back to {r['fallback']})"
+    )
     return r
 
 
@@ -287,8 +327,9 @@ def test_resume_2_to_1_ranks_keeps_the_sample_order(runs):
         assert got[step] == want[step]
     for step in range(start + 1, STEPS + 1):  # one process, 2 micro-batches per step instead of 2 ranks
         assert got[step][0]["loss"] == pytest.approx(want[step][0]["loss"], rel=0, abs=RESHARD_LOSS_TOL), step
-        assert got[step][0]["grad_norm"] == pytest.approx(want[step][0]["grad_norm"], rel=RESHARD_GRAD_RTOL,
-                                                          abs=0), step
+        assert got[step][0]["grad_norm"] == pytest.approx(want[step][0]["grad_norm"], rel=RESHARD_GRAD_RTOL, abs=0), (
+            step
+        )
     (weights, states), (ref_weights, ref_states) = final_state(resumed), final_state(ref)
     assert states["dataloader"] == ref_states["dataloader"]  # the same global data position at the end
     assert states["train_state"] == ref_states["train_state"]

@@ -32,11 +32,21 @@ class FakeCudaMemory:
         self.calls.append(("stop",))
 
     def snapshot(self):
-        frames = [{"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
-                  {"filename": "titanloop/model/looplm.py", "line": 42, "name": "forward"}]
-        return {"segments": [{"total_size": 3 << 20, "blocks": [
-            {"size": 2 << 20, "state": "active_allocated", "frames": frames},
-            {"size": 1 << 20, "state": "inactive", "frames": []}]}]}
+        frames = [
+            {"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
+            {"filename": "titanloop/model/looplm.py", "line": 42, "name": "forward"},
+        ]
+        return {
+            "segments": [
+                {
+                    "total_size": 3 << 20,
+                    "blocks": [
+                        {"size": 2 << 20, "state": "active_allocated", "frames": frames},
+                        {"size": 1 << 20, "state": "inactive", "frames": []},
+                    ],
+                }
+            ]
+        }
 
     def peaks(self):
         return 5 << 30, 6 << 30
@@ -46,10 +56,22 @@ class FakeCudaMemory:
 
 
 def fake_run(tmp_path: Path, device_type: str):
-    cfg = load_config(DEBUG, ["--profiling.enable", "true", "--profiling.start_step", "3", "--profiling.steps", "2",
-                              "--training.run_dir", str(tmp_path)])
-    return SimpleNamespace(cfg=cfg, mesh=SimpleNamespace(rank=1, device_type=device_type),
-                           state=SimpleNamespace(step=1, exit_code=None))
+    cfg = load_config(
+        DEBUG,
+        [
+            "--profiling.enable",
+            "true",
+            "--profiling.start_step",
+            "3",
+            "--profiling.steps",
+            "2",
+            "--training.run_dir",
+            str(tmp_path),
+        ],
+    )
+    return SimpleNamespace(
+        cfg=cfg, mesh=SimpleNamespace(rank=1, device_type=device_type), state=SimpleNamespace(step=1, exit_code=None)
+    )
 
 
 def test_cuda_memory_snapshots_with_a_fake_allocator(tmp_path, capsys):
@@ -80,11 +102,32 @@ def test_memory_snapshot_is_skipped_off_cuda(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_profiler_window_writes_one_trace_per_rank(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titanloop.train",
-           "--config", DEBUG, "--training.run_dir", str(tmp_path), "--training.steps", "4", "--metrics.wandb", "off",
-           "--profiling.enable", "true", "--profiling.start_step", "2", "--profiling.steps", "2"]
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "titanloop.train",
+        "--config",
+        DEBUG,
+        "--training.run_dir",
+        str(tmp_path),
+        "--training.steps",
+        "4",
+        "--metrics.wandb",
+        "off",
+        "--profiling.enable",
+        "true",
+        "--profiling.start_step",
+        "2",
+        "--profiling.steps",
+        "2",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "steps 2-3 traced to" in proc.stdout
     traces = sorted((tmp_path / "profiles" / "step_2").glob("rank*_trace.json"))

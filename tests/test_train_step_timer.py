@@ -74,12 +74,33 @@ def test_phases_barriers_and_cuda_synchronize_with_fakes():
 
 
 def run_slowed(run_dir: Path, slow_rank: int, seconds: float) -> tuple[list[dict], str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests" / "slowed_rank_driver.py"), "--config", str(REPO / "train_configs" / "debug.toml"),
-           "--training.run_dir", str(run_dir), "--training.steps", "5", "--metrics.log_freq", "1",
-           "--metrics.wandb", "off", "--metrics.straggler_warn", "1.5"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLOW_RANK": str(slow_rank),
-           "SLOW_SECONDS": str(seconds)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "tests" / "slowed_rank_driver.py"),
+        "--config",
+        str(REPO / "train_configs" / "debug.toml"),
+        "--training.run_dir",
+        str(run_dir),
+        "--training.steps",
+        "5",
+        "--metrics.log_freq",
+        "1",
+        "--metrics.wandb",
+        "off",
+        "--metrics.straggler_warn",
+        "1.5",
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "SLOW_RANK": str(slow_rank),
+        "SLOW_SECONDS": str(seconds),
+    }
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -102,8 +123,10 @@ def test_a_slowed_rank_is_named_and_the_breakdown_adds_up(tmp_path, slow_rank):
             assert r["time/forward_s"] >= 4 * per_loop, r
         phases = sum(r[f"time/{p}_s"] for p in PHASES)
         ratios.append(phases / r["time/step_s"])
-    print(f"slowed rank {slow_rank}: breakdown sum / step time per step {[round(x, 3) for x in ratios]}; "
-          f"slowest/median {[round(r['time/slowest_vs_median'], 2) for r in rows]}")
+    print(
+        f"slowed rank {slow_rank}: breakdown sum / step time per step {[round(x, 3) for x in ratios]}; "
+        f"slowest/median {[round(r['time/slowest_vs_median'], 2) for r in rows]}"
+    )
     assert all(0.9 <= x <= 1.0 for x in ratios), ratios
     warnings = [line for line in out.splitlines() if "warning: straggler" in line]
     # steps 2..5 (at step 1 both ranks are slow: first calls, lazy initialization); every warning names the rank

@@ -25,15 +25,36 @@ from titanloop.train.config import load_config, validation_loops
 REPO = Path(__file__).resolve().parents[1]
 DEBUG = str(REPO / "train_configs" / "debug.toml")
 TASK = {"kind": "synthetic_task", "task": "compose", "task_options": {"n_entities": 16, "n_relations": 4, "hops": 4}}
-TASK_ARGS = ["--data.kind", "synthetic_task", "--data.task", "compose", "--data.task_options",
-             "{n_entities = 16, n_relations = 4, hops = 4}"]
+TASK_ARGS = [
+    "--data.kind",
+    "synthetic_task",
+    "--data.task",
+    "compose",
+    "--data.task_options",
+    "{n_entities = 16, n_relations = 4, hops = 4}",
+]
 NOT_COMPARED = {"tokens_per_s", "tflops", "mfu", "val/seconds"}  # wall-clock figures
 
 
 def launch(run_dir: Path, *extra: str, nproc: int = 2) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "titanloop.train", "--config", DEBUG, "--training.run_dir", str(run_dir), "--metrics.log_freq", "1",
-           "--metrics.wandb", "off", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "titanloop.train",
+        "--config",
+        DEBUG,
+        "--training.run_dir",
+        str(run_dir),
+        "--metrics.log_freq",
+        "1",
+        "--metrics.wandb",
+        "off",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -45,8 +66,9 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def training_part(rec: dict) -> dict:
-    return {k: v for k, v in rec.items()
-            if k not in NOT_COMPARED and not k.startswith("val/") and not k.startswith("time/")}
+    return {
+        k: v for k, v in rec.items() if k not in NOT_COMPARED and not k.startswith("val/") and not k.startswith("time/")
+    }
 
 
 def test_config_errors_name_the_field():
@@ -55,11 +77,13 @@ def test_config_errors_name_the_field():
     assert validation_loops(cfg) == [1, 2, 3, 4, 8]
     task = load_config(DEBUG, ["--validation.enable", "true", *TASK_ARGS])
     assert task.validation.held_out.split == "eval" and task.validation.held_out.task == "compose"
-    for args, field in [(["--validation.freq", "0"], "validation.freq"),
-                        (["--validation.steps", "0"], "validation.steps"),
-                        (["--validation.q", "[1.5]"], "validation.q"),
-                        (["--validation.loops", "[0, 2]"], "validation.loops"),
-                        (["--data.kind", "mds", "--data.sources", '[{path = "x"}]'], "validation.data")]:
+    for args, field in [
+        (["--validation.freq", "0"], "validation.freq"),
+        (["--validation.steps", "0"], "validation.steps"),
+        (["--validation.q", "[1.5]"], "validation.q"),
+        (["--validation.loops", "[0, 2]"], "validation.loops"),
+        (["--data.kind", "mds", "--data.sources", '[{path = "x"}]'], "validation.data"),
+    ]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_config(DEBUG, ["--validation.enable", "true", *args])
     off = load_config(DEBUG, ["--data.kind", "mds", "--data.sources", '[{path = "x"}]'])  # off: no held-out set needed
@@ -68,8 +92,20 @@ def test_config_errors_name_the_field():
 
 @pytest.mark.slow
 def test_validation_does_not_change_training_and_resumes_bitwise(tmp_path):
-    common = ["--training.steps", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "3",
-              "--checkpoint.keep_latest_k", "3", "--checkpoint.mode", "sync", "--objective.jsrr_weight", "0.1"]
+    common = [
+        "--training.steps",
+        "8",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        "3",
+        "--checkpoint.keep_latest_k",
+        "3",
+        "--checkpoint.mode",
+        "sync",
+        "--objective.jsrr_weight",
+        "0.1",
+    ]
     val = ["--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2"]
     launch(tmp_path / "off", *common)
     out = launch(tmp_path / "on", *common, *val)
@@ -89,16 +125,44 @@ def test_validation_does_not_change_training_and_resumes_bitwise(tmp_path):
     assert [strip(r) for r in again] == [strip(r) for r in on[3:]]
 
 
-def _eval_report(tmp_path: Path, ckpt: Path, data: dict, batch_size: int, max_batches: int, seq_len: int,
-                 loops: list[int], qs: list[float]) -> dict:
+def _eval_report(
+    tmp_path: Path,
+    ckpt: Path,
+    data: dict,
+    batch_size: int,
+    max_batches: int,
+    seq_len: int,
+    loops: list[int],
+    qs: list[float],
+) -> dict:
     spec = tmp_path / "data.json"
     spec.write_text(json.dumps(data))
-    cmd = [sys.executable, "-m", "titanloop.eval", "sweep", str(ckpt), "--data", str(spec), "--out",
-           str(tmp_path / "eval"), "--batch-size", str(batch_size), "--max-batches", str(max_batches), "--seq-len",
-           str(seq_len), "--loops", ",".join(map(str, loops)), "--q", ",".join(map(str, qs)),
-           "--jsrr-loops", "1"]
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanloop.eval",
+        "sweep",
+        str(ckpt),
+        "--data",
+        str(spec),
+        "--out",
+        str(tmp_path / "eval"),
+        "--batch-size",
+        str(batch_size),
+        "--max-batches",
+        str(max_batches),
+        "--seq-len",
+        str(seq_len),
+        "--loops",
+        ",".join(map(str, loops)),
+        "--q",
+        ",".join(map(str, qs)),
+        "--jsrr-loops",
+        "1",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((tmp_path / "eval" / "report.json").read_text())
 
@@ -107,9 +171,24 @@ def _eval_report(tmp_path: Path, ckpt: Path, data: dict, batch_size: int, max_ba
 @pytest.mark.parametrize("data,layout", [("task", "dp2"), ("text", "dp2"), ("text", "tp2"), ("task", "zero3")])
 def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
     steps, val_steps, mb = 4, 3, 4
-    extra = ["--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps),
-             "--checkpoint.mode", "sync", "--validation.enable", "true", "--validation.freq", str(steps),
-             "--validation.steps", str(val_steps), "--validation.batch_size", str(mb)]
+    extra = [
+        "--training.steps",
+        str(steps),
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        str(steps),
+        "--checkpoint.mode",
+        "sync",
+        "--validation.enable",
+        "true",
+        "--validation.freq",
+        str(steps),
+        "--validation.steps",
+        str(val_steps),
+        "--validation.batch_size",
+        str(mb),
+    ]
     if data == "task":
         extra += TASK_ARGS
     if layout == "tp2":
@@ -132,8 +211,12 @@ def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
     diffs = {}
     points = {p["loops"]: p for p in report["depth_sweep"]["points"]}
     for t in loops:
-        for ours, theirs in [("loss", "loss"), ("ppl", "perplexity"), ("token_acc", "token_accuracy"),
-                             ("seq_acc", "sequence_accuracy")]:
+        for ours, theirs in [
+            ("loss", "loss"),
+            ("ppl", "perplexity"),
+            ("token_acc", "token_accuracy"),
+            ("seq_acc", "sequence_accuracy"),
+        ]:
             diffs[f"{ours}/loop_{t}"] = (val[f"val/{ours}/loop_{t}"], points[t][theirs])
     diffs["exit_depth"] = (val["val/exit_depth"], report["diagnostics"]["exit_distribution"]["mean_exit_loop"])
     q_points = {p["param"]["q"]: p for p in report["exit_frontier"]["points"] if p["strategy"] == "q_exit"}

@@ -67,14 +67,23 @@ class LoopLMFamily:
     def check_layout(self, cfg: "TrainConfig", tp: int, max_loops: int) -> None:
         m = cfg.model.looplm
         t = cfg.loop_sampler.n_loops
-        require(t <= m.max_loops, "loop_sampler.n_loops", t,
-                f"<= model.max_loops={m.max_loops} (the deepest loop a LoopLM runs; raise model.max_loops)")
+        require(
+            t <= m.max_loops,
+            "loop_sampler.n_loops",
+            t,
+            f"<= model.max_loops={m.max_loops} (the deepest loop a LoopLM runs; raise model.max_loops)",
+        )
         if m.per_loop_norm:
-            require(max_loops <= m.max_loops, "loop_sampler.max_sampled", max_loops,
-                    f"<= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
+            require(
+                max_loops <= m.max_loops,
+                "loop_sampler.max_sampled",
+                max_loops,
+                f"<= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)",
+            )
 
-    def flops_per_token(self, cfg: "TrainConfig", seq_len: int, n_loops: int,
-                        doc_lengths: list[int] | None = None) -> float:
+    def flops_per_token(
+        self, cfg: "TrainConfig", seq_len: int, n_loops: int, doc_lengths: list[int] | None = None
+    ) -> float:
         return cfg.model.looplm.flops_per_token(seq_len, n_loops=n_loops, doc_lengths=doc_lengths)
 
     def describe(self, cfg: "TrainConfig") -> str:
@@ -113,22 +122,39 @@ class RetrofitFamily:
         """What a retrofit run supports: its shape comes from the HF checkpoint, it decodes only the last recurrence
         step, and its per-step parameters bound the loop count."""
         r = cfg.retrofit
-        require(not cfg.model.overrides, "model", cfg.model.overrides,
-                "no [model] keys in a retrofit run (the shape comes from retrofit.hf_path's config.json)")
+        require(
+            not cfg.model.overrides,
+            "model",
+            cfg.model.overrides,
+            "no [model] keys in a retrofit run (the shape comes from retrofit.hf_path's config.json)",
+        )
         r.check_depth(read_hf_config(r.hf_path)[1].n_layers)
         require(tp == 1, "parallelism.tp", tp, "1 for a retrofit run (its model has no tensor-parallel plan)")
-        require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
-                "'fsdp2' for a retrofit run (the DeepSpeed engine is not built or tested for a frozen pretrained "
-                "base)")
-        require(cfg.objective.name == "final_only", "objective.name", cfg.objective.name,
-                "'final_only' for a retrofit run (the coda decodes the last recurrence step only)")
-        require(cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight,
-                "0 for a retrofit run")
-        require(max_loops <= r.max_loops, "loop_sampler", max_loops,
-                f"at most retrofit.max_loops={r.max_loops} loops (per-step norms, embeddings and diagonals)")
+        require(
+            cfg.parallelism.engine == "fsdp2",
+            "parallelism.engine",
+            cfg.parallelism.engine,
+            "'fsdp2' for a retrofit run (the DeepSpeed engine is not built or tested for a frozen pretrained base)",
+        )
+        require(
+            cfg.objective.name == "final_only",
+            "objective.name",
+            cfg.objective.name,
+            "'final_only' for a retrofit run (the coda decodes the last recurrence step only)",
+        )
+        require(
+            cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight, "0 for a retrofit run"
+        )
+        require(
+            max_loops <= r.max_loops,
+            "loop_sampler",
+            max_loops,
+            f"at most retrofit.max_loops={r.max_loops} loops (per-step norms, embeddings and diagonals)",
+        )
 
-    def flops_per_token(self, cfg: "TrainConfig", seq_len: int, n_loops: int,
-                        doc_lengths: list[int] | None = None) -> float:
+    def flops_per_token(
+        self, cfg: "TrainConfig", seq_len: int, n_loops: int, doc_lengths: list[int] | None = None
+    ) -> float:
         """RetrofitLM's own count: the frozen prelude runs forward only, the frozen coda, recurrent layer and LM
         head pass input gradients back, the controller and gate train (RetrofitLM.flops_per_token). Attention
         is counted over the whole sequence (the retrofit has no packed-document FLOP count)."""
@@ -141,8 +167,10 @@ class RetrofitFamily:
         return "RetrofitLM (base frozen)"
 
     def extra_summary(self, cfg: "TrainConfig", run) -> list[str]:
-        return [f"retrofit of {cfg.retrofit.hf_path}: {run.n_trainable:,} trainable parameters, "
-                f"{run.n_params - run.n_trainable:,} frozen | modulation {cfg.retrofit.modulation}"]
+        return [
+            f"retrofit of {cfg.retrofit.hf_path}: {run.n_trainable:,} trainable parameters, "
+            f"{run.n_params - run.n_trainable:,} frozen | modulation {cfg.retrofit.modulation}"
+        ]
 
     def export(self, model: nn.Module, out_dir, **kwargs):
         return export_hf(model, out_dir)

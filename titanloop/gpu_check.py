@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULT_JSON = ROOT / "benchmarks" / "results" / "gpu_check.json"
 TRAIN_CONFIG = ROOT / "train_configs" / "debug.toml"
 
-BF16_U = 2.0 ** -8  # unit roundoff of bfloat16 (8 significand bits): |round(x) - x| <= u |x|
+BF16_U = 2.0**-8  # unit roundoff of bfloat16 (8 significand bits): |round(x) - x| <= u |x|
 # bf16 logits: a bf16 forward rounds the weights (what the reference measures) and, at each matmul, its input
 # and output activations, plus the residual adds and norms: about 4 rounding sites of size u per weight rounding
 # in a decoder layer, so the error may be up to ~4x the weights-only error if they add up in the same direction.
@@ -70,7 +70,7 @@ STEPS = 100
 LOG_FREQ = 5
 RECIPES = ("bf16", "tensorwise", "rowwise")
 SLOW_KERNELS = ("sdpa_per_doc", "dense")  # fallbacks: a Python loop over documents / a materialized [S, S] mask
-GIB = 1024 ** 3
+GIB = 1024**3
 # bf16 dense peak FLOP/s by device name (MFU is quoted against the bf16 peak for float8 runs too, as torchtitan)
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12, "B200": 2250e12}
 # (preset, overrides) from the largest down; bytes per parameter of training state per GPU (fp32 master + Adam
@@ -108,8 +108,10 @@ def no_cuda_message() -> str | None:
 
     if torch.cuda.is_available():
         return None
-    return ("gpu_check: no CUDA device (torch.cuda.is_available() is False): run it on a machine with NVIDIA "
-            "GPUs and a CUDA build of torch")
+    return (
+        "gpu_check: no CUDA device (torch.cuda.is_available() is False): run it on a machine with NVIDIA "
+        "GPUs and a CUDA build of torch"
+    )
 
 
 def state_bytes(cfg: LoopLMConfig, n_gpus: int) -> float:
@@ -135,8 +137,9 @@ def peak_flops(device_name: str) -> float | None:
     return None
 
 
-def throughput(rows: list[dict], cfg: LoopLMConfig, seq_len: int, n_gpus: int, n_loops: int,
-               peak: float | None) -> tuple[float, float | None]:
+def throughput(
+    rows: list[dict], cfg: LoopLMConfig, seq_len: int, n_gpus: int, n_loops: int, peak: float | None
+) -> tuple[float, float | None]:
     """(tokens/s/GPU, MFU) from metrics.jsonl rows of a run, skipping the first logged step (compilation)."""
     rows = [r for r in rows if r["step"] > 1] or rows
     tok_s = sum(r["tokens_per_s"] for r in rows) / len(rows)
@@ -145,8 +148,16 @@ def throughput(rows: list[dict], cfg: LoopLMConfig, seq_len: int, n_gpus: int, n
 
 
 # ----- commands --------------------------------------------------------------------------------------------
-def train_args(run_dir: Path, name: str, overrides: dict, n_loops: int, seq_len: int, n_gpus: int,
-               precision: str = "bf16", steps: int = STEPS) -> list[str]:
+def train_args(
+    run_dir: Path,
+    name: str,
+    overrides: dict,
+    n_loops: int,
+    seq_len: int,
+    n_gpus: int,
+    precision: str = "bf16",
+    steps: int = STEPS,
+) -> list[str]:
     """Overrides of TRAIN_CONFIG for one gpu_check training run (also what its memory plan is computed for).
     The copy task of train_configs/debug.toml at the Ouro vocabulary, AdamW at 1e-3 (debug.toml's 1e-2 is for its
     tiny model), per-loop activation checkpointing as every stage config (without it 1.4B at T=8, 4K needs 107 GB
@@ -154,12 +165,38 @@ def train_args(run_dir: Path, name: str, overrides: dict, n_loops: int, seq_len:
     GPU), a float8 recipe adds `--training.float8 <recipe>`."""
     if precision not in RECIPES:
         raise ValueError(f"precision {precision!r}: expected one of {RECIPES}")
-    args = ["--model.vocab_size", "49152", "--training.run_dir", str(run_dir), "--training.steps", str(steps),
-            "--training.seq_len", str(seq_len), "--training.micro_batch_size", "1", "--training.global_batch_size",
-            str(n_gpus), "--model.preset", name, "--loop_sampler.n_loops",
-            str(n_loops), "--optimizer.lr", "1e-3", "--lr_scheduler.warmup_steps", "10",
-            "--parallelism.compile", "true", "--parallelism.activation_checkpoint", "loop",
-            "--metrics.log_freq", str(LOG_FREQ), "--metrics.wandb", "off", "--checkpoint.enable", "false"]
+    args = [
+        "--model.vocab_size",
+        "49152",
+        "--training.run_dir",
+        str(run_dir),
+        "--training.steps",
+        str(steps),
+        "--training.seq_len",
+        str(seq_len),
+        "--training.micro_batch_size",
+        "1",
+        "--training.global_batch_size",
+        str(n_gpus),
+        "--model.preset",
+        name,
+        "--loop_sampler.n_loops",
+        str(n_loops),
+        "--optimizer.lr",
+        "1e-3",
+        "--lr_scheduler.warmup_steps",
+        "10",
+        "--parallelism.compile",
+        "true",
+        "--parallelism.activation_checkpoint",
+        "loop",
+        "--metrics.log_freq",
+        str(LOG_FREQ),
+        "--metrics.wandb",
+        "off",
+        "--checkpoint.enable",
+        "false",
+    ]
     for key, value in overrides.items():
         args += [f"--model.{key}", str(value)]
     if precision != "bf16":
@@ -171,8 +208,17 @@ def torchrun_command(python: str, n_gpus: int, args: list[str], prefix: list[str
     """`python -m torch.distributed.run ... -m <module>` for `args`: titanloop.train, or with `prefix`
     (e.g. the kernel recorder: ["-m", "titanloop.gpu_check", "--record-kernels", FILE]) another entry point."""
     entry = prefix or ["-m", "titanloop.train"]
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n_gpus}", *entry,
-            "--config", str(TRAIN_CONFIG), *args]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n_gpus}",
+        *entry,
+        "--config",
+        str(TRAIN_CONFIG),
+        *args,
+    ]
 
 
 def missing_modules(precision: str = "bf16") -> list[str]:
@@ -199,9 +245,13 @@ def memory_plan_check(label: str, measured_gib: float | None, planned_gib: float
     if measured_gib is None or planned_gib is None:
         return Check(label, False, f"missing: measured {measured_gib}, planned {planned_gib}", numbers)
     rel = measured_gib / planned_gib - 1
-    return Check(label, abs(rel) <= MEMORY_PLAN_RTOL,
-                 f"measured {measured_gib:.2f} GiB, planned {planned_gib:.2f} GiB ({100 * rel:+.0f}%, "
-                 f"tol {100 * MEMORY_PLAN_RTOL:.0f}%)", {**numbers, "rel": rel})
+    return Check(
+        label,
+        abs(rel) <= MEMORY_PLAN_RTOL,
+        f"measured {measured_gib:.2f} GiB, planned {planned_gib:.2f} GiB ({100 * rel:+.0f}%, "
+        f"tol {100 * MEMORY_PLAN_RTOL:.0f}%)",
+        {**numbers, "rel": rel},
+    )
 
 
 def loss_window(rows: list[dict]) -> tuple[float, float]:
@@ -225,22 +275,45 @@ def float8_checks(runs: list[RunResult]) -> list[Check]:
             continue
         learned = 1 - base.loss_last / base.loss_first
         rel = abs(r.loss_last - base.loss_last) / base.loss_last
-        numbers = {"loss": r.loss_last, "bf16_loss": base.loss_last, "rel": rel, "rtol": FLOAT8_LOSS_RTOL,
-                   "bf16_learned": learned}
+        numbers = {
+            "loss": r.loss_last,
+            "bf16_loss": base.loss_last,
+            "rel": rel,
+            "rtol": FLOAT8_LOSS_RTOL,
+            "bf16_learned": learned,
+        }
         if learned < MIN_LEARNED:
-            checks.append(Check(f"{label} loss", False, f"not judgeable: the bf16 run's loss fell only "
-                                f"{100 * learned:.0f}% ({base.loss_first:.3f} -> {base.loss_last:.3f}, needs "
-                                f"{100 * MIN_LEARNED:.0f}%)", numbers))
+            checks.append(
+                Check(
+                    f"{label} loss",
+                    False,
+                    f"not judgeable: the bf16 run's loss fell only "
+                    f"{100 * learned:.0f}% ({base.loss_first:.3f} -> {base.loss_last:.3f}, needs "
+                    f"{100 * MIN_LEARNED:.0f}%)",
+                    numbers,
+                )
+            )
         else:
-            checks.append(Check(f"{label} loss", rel <= FLOAT8_LOSS_RTOL,
-                                f"{r.loss_last:.4f} vs bf16 {base.loss_last:.4f} (rel {100 * rel:.2f}%, tol "
-                                f"{100 * FLOAT8_LOSS_RTOL:.0f}%)", numbers))
+            checks.append(
+                Check(
+                    f"{label} loss",
+                    rel <= FLOAT8_LOSS_RTOL,
+                    f"{r.loss_last:.4f} vs bf16 {base.loss_last:.4f} (rel {100 * rel:.2f}%, tol "
+                    f"{100 * FLOAT8_LOSS_RTOL:.0f}%)",
+                    numbers,
+                )
+            )
         ratio = r.tokens_per_s_gpu / base.tokens_per_s_gpu
         rule = r.precision == "tensorwise"
-        checks.append(Check(f"{label} speed", (ratio >= 1.0) if rule else None,
-                            f"{r.tokens_per_s_gpu:,.0f} vs bf16 {base.tokens_per_s_gpu:,.0f} tokens/s/GPU "
-                            f"({ratio:.2f}x{', needs >= 1.00x' if rule else ', reported only'})",
-                            {"ratio": ratio, "target": ">= 1.0" if rule else None}))
+        checks.append(
+            Check(
+                f"{label} speed",
+                (ratio >= 1.0) if rule else None,
+                f"{r.tokens_per_s_gpu:,.0f} vs bf16 {base.tokens_per_s_gpu:,.0f} tokens/s/GPU "
+                f"({ratio:.2f}x{', needs >= 1.00x' if rule else ', reported only'})",
+                {"ratio": ratio, "target": ">= 1.0" if rule else None},
+            )
+        )
     return checks
 
 
@@ -253,8 +326,9 @@ def kernel_choice_check(records: list[list[str]], label: str = "kernel choice") 
     if not records:
         return Check(label, False, "no attention call was recorded", numbers)
     text = ", ".join(f"{k} {d.removeprefix('torch.')} {dev}" for k, d, dev in seen)
-    return Check(label, not bad, f"{len(records)} calls: {text}" + (f"; not fused bf16 CUDA: {bad}" if bad else ""),
-                 numbers)
+    return Check(
+        label, not bad, f"{len(records)} calls: {text}" + (f"; not fused bf16 CUDA: {bad}" if bad else ""), numbers
+    )
 
 
 def format_table(checks: list[Check]) -> str:
@@ -298,8 +372,17 @@ def attention_tolerance(ref, v) -> float:
     return 2 * BF16_U * (ref.abs().max().item() + v.abs().max().item())
 
 
-def attention_check(label: str, device: str, doc_ids=None, *, attention_fn=None, heads: int = 8,
-                    head_dim: int = 64, shape: tuple[int, int] = (2, 1024), seed: int = 0) -> Check:
+def attention_check(
+    label: str,
+    device: str,
+    doc_ids=None,
+    *,
+    attention_fn=None,
+    heads: int = 8,
+    head_dim: int = 64,
+    shape: tuple[int, int] = (2, 1024),
+    seed: int = 0,
+) -> Check:
     """Attention in bf16 as the model calls it (`attention_fn`, default titanloop.model.attention.attention with
     the mask the model builds) vs float64 SDPA with the dense causal (+ document) mask on the same rounded
     inputs. doc_ids [B, S] or None (plain causal). On CUDA the kernel must also not be a fallback."""
@@ -321,8 +404,12 @@ def attention_check(label: str, device: str, doc_ids=None, *, attention_fn=None,
     tol = attention_tolerance(ref, v)
     kernel = kernel_name(q, mask)
     fused = not q.is_cuda or kernel not in SLOW_KERNELS
-    return Check(label, err <= tol and fused, f"kernel {kernel}, max |err| {err:.2e} (tol {tol:.2e})",
-                 {"kernel": kernel, "max_abs_err": err, "tol": tol})
+    return Check(
+        label,
+        err <= tol and fused,
+        f"kernel {kernel}, max |err| {err:.2e} (tol {tol:.2e})",
+        {"kernel": kernel, "max_abs_err": err, "tol": tol},
+    )
 
 
 def doc_ids_with(n_docs: int, batch: int, seq_len: int, seed: int = 0):
@@ -332,7 +419,7 @@ def doc_ids_with(n_docs: int, batch: int, seq_len: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed + n_docs)
     rows = []
     for _ in range(batch):
-        cuts = torch.randperm(seq_len - 1, generator=g)[:n_docs - 1].sort().values + 1
+        cuts = torch.randperm(seq_len - 1, generator=g)[: n_docs - 1].sort().values + 1
         row = torch.zeros(seq_len, dtype=torch.long)
         for c in cuts.tolist():
             row[c:] += 1
@@ -385,8 +472,17 @@ def train_fp32(cfg: LoopLMConfig, device: str, steps: int, seq_len: int, batch: 
     return model.eval(), get(steps + 1000), losses[0], sum(losses[-5:]) / len(losses[-5:])
 
 
-def bf16_logits_check(device: str, *, preset_name: str = "debug-tiny", vocab_size: int = 64, steps: int = 40,
-                      seq_len: int = 64, batch: int = 8, lr: float = 1e-2, seed: int = 0) -> Check:
+def bf16_logits_check(
+    device: str,
+    *,
+    preset_name: str = "debug-tiny",
+    vocab_size: int = 64,
+    steps: int = 40,
+    seq_len: int = 64,
+    batch: int = 8,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> Check:
     """Train a LoopLM for `steps` steps in fp32 on the previous-token task (`train_fp32`), then
     `bf16_logits_verdict`. The defaults are the configuration whose margins tests/test_gpu_check.py measures on CPU
     (2 layers; with 4 layers, debug-small, the bf16 / weights-only ratio was 2.6 instead of 1.7: it grows with
@@ -419,17 +515,34 @@ def bf16_logits_verdict(model, b: dict, first: float, last: float, steps: int) -
     e_b = _rel(logits(copy.deepcopy(model).bfloat16()), ref)  # the kernels training picks
     tol = BF16_SITES * e_w
     learned = 1 - last / first
-    numbers = {"rel_err_bf16": e_b, "rel_err_weights_rounded": e_w, "tol": tol, "loss_first": first,
-               "loss_last": last, "steps": steps}
-    detail = (f"rel err {e_b:.2e} vs tol {tol:.2e} ({BF16_SITES:g} x weights-only rounding {e_w:.2e}); "
-              f"trained {steps} steps, loss {first:.3f} -> {last:.3f}")
+    numbers = {
+        "rel_err_bf16": e_b,
+        "rel_err_weights_rounded": e_w,
+        "tol": tol,
+        "loss_first": first,
+        "loss_last": last,
+        "steps": steps,
+    }
+    detail = (
+        f"rel err {e_b:.2e} vs tol {tol:.2e} ({BF16_SITES:g} x weights-only rounding {e_w:.2e}); "
+        f"trained {steps} steps, loss {first:.3f} -> {last:.3f}"
+    )
     if learned < MIN_LEARNED:
         return Check("bf16 logits", False, "not judgeable, training did not learn: " + detail, numbers)
     return Check("bf16 logits", e_b <= tol, detail, numbers)
 
 
-def compile_check(device: str, *, dtype=None, backend: str = "inductor", preset_name: str = "debug-small",
-                  seq_len: int = 256, loops=(2, 4, 8, 3), doc_counts=(1, 3, 7), doc_masking: bool = True) -> Check:
+def compile_check(
+    device: str,
+    *,
+    dtype=None,
+    backend: str = "inductor",
+    preset_name: str = "debug-small",
+    seq_len: int = 256,
+    loops=(2, 4, 8, 3),
+    doc_counts=(1, 3, 7),
+    doc_masking: bool = True,
+) -> Check:
     """The LoopLM with every decoder layer compiled as training compiles it (titanloop.parallel.compile), forward +
     backward for every T in `loops` and document count in `doc_counts`: PASS iff Dynamo counted 0 graph breaks
     and compiled no graph after the first forward (no recompiles across T or document counts)."""
@@ -465,15 +578,26 @@ def compile_check(device: str, *, dtype=None, backend: str = "inductor", preset_
     reasons = counters["graph_break"]
     breaks = sum(reasons.values())
     top = "; ".join(f"{n} x {r.splitlines()[0][:80]}" for r, n in reasons.most_common(2))
-    return Check("compile", breaks == 0 and graphs == first,
-                 f"{breaks} graph breaks{f' ({top})' if top else ''}; {first} graphs after the first forward, "
-                 f"{graphs} after T in {list(loops)} x documents in {list(doc_counts) if doc_masking else 'none'}",
-                 {"graph_breaks": breaks, "graphs_first": first, "graphs_last": graphs,
-                  "break_reasons": dict(reasons)})
+    return Check(
+        "compile",
+        breaks == 0 and graphs == first,
+        f"{breaks} graph breaks{f' ({top})' if top else ''}; {first} graphs after the first forward, "
+        f"{graphs} after T in {list(loops)} x documents in {list(doc_counts) if doc_masking else 'none'}",
+        {"graph_breaks": breaks, "graphs_first": first, "graphs_last": graphs, "break_reasons": dict(reasons)},
+    )
 
 
-def readout_check(device: str, *, readout_fn=None, n_loops: int = 4, batch: int = 2, seq_len: int = 1024,
-                  hidden: int = 2048, vocab: int = 49152, seed: int = 0) -> Check:
+def readout_check(
+    device: str,
+    *,
+    readout_fn=None,
+    n_loops: int = 4,
+    batch: int = 2,
+    seq_len: int = 1024,
+    hidden: int = 2048,
+    vocab: int = 49152,
+    seed: int = 0,
+) -> Check:
     """`readout_fn` (default titanloop.objectives.per_loop_cross_entropy) on bf16 readouts and a bf16 LM head vs
     the exact result (full fp32 logits from the same bf16 inputs): the relative error of the per-token CE, of the
     readouts' gradient and of the head's gradient must each be <= READOUT_FACTOR x that of the naive bf16
@@ -488,7 +612,7 @@ def readout_check(device: str, *, readout_fn=None, n_loops: int = 4, batch: int 
     g = torch.Generator().manual_seed(seed)
     # readouts at unit RMS (the final norm's output), a head giving logits of std ~2 (a trained model's range)
     hs = [torch.randn(batch, seq_len, hidden, generator=g).to(device, torch.bfloat16) for _ in range(n_loops)]
-    w = (torch.randn(vocab, hidden, generator=g) * 2 / hidden ** 0.5).to(device, torch.bfloat16)
+    w = (torch.randn(vocab, hidden, generator=g) * 2 / hidden**0.5).to(device, torch.bfloat16)
     targets = torch.randint(0, vocab, (batch, seq_len), generator=g)
     targets[:, ::16] = -100
     targets = targets.to(device)
@@ -504,8 +628,9 @@ def readout_check(device: str, *, readout_fn=None, n_loops: int = 4, batch: int 
 
     def naive(hs_, head, tg):
         logits = torch.stack(list(hs_)) @ head.t()
-        return F.cross_entropy(logits.float().flatten(0, -2), tg.expand(logits.shape[:-1]).flatten(),
-                               reduction="none").view(logits.shape[:-1])
+        return F.cross_entropy(
+            logits.float().flatten(0, -2), tg.expand(logits.shape[:-1]).flatten(), reduction="none"
+        ).view(logits.shape[:-1])
 
     exact = run(naive, lambda x: x.float())
     base = [_rel(a, e) for a, e in zip(run(naive, lambda x: x), exact)]
@@ -513,9 +638,17 @@ def readout_check(device: str, *, readout_fn=None, n_loops: int = 4, batch: int 
     names = ("ce", "grad_readouts", "grad_head")
     ok = all(gt <= READOUT_FACTOR * bs + 1e-7 for gt, bs in zip(got, base))
     detail = ", ".join(f"{n} {gt:.1e} (naive bf16 {bs:.1e})" for n, gt, bs in zip(names, got, base))
-    return Check("readout", ok, f"rel err vs fp32: {detail}; tol {READOUT_FACTOR:g} x naive",
-                 {"rel_err": dict(zip(names, got)), "rel_err_naive_bf16": dict(zip(names, base)),
-                  "factor": READOUT_FACTOR, "shape": [n_loops, batch, seq_len, hidden, vocab]})
+    return Check(
+        "readout",
+        ok,
+        f"rel err vs fp32: {detail}; tol {READOUT_FACTOR:g} x naive",
+        {
+            "rel_err": dict(zip(names, got)),
+            "rel_err_naive_bf16": dict(zip(names, base)),
+            "factor": READOUT_FACTOR,
+            "shape": [n_loops, batch, seq_len, hidden, vocab],
+        },
+    )
 
 
 # ----- the kernel recorder (runs inside a torchrun worker) -----------------------------------------------------
@@ -554,8 +687,11 @@ def _check_flash() -> Check:
 
     if flash_available():
         return Check("flash-attn", True, "importable")
-    return Check("flash-attn", None, "not installed (optional: attention uses torch's kernels; "
-                                     "pip install 'titanloop[gpu]' where a wheel exists)")
+    return Check(
+        "flash-attn",
+        None,
+        "not installed (optional: attention uses torch's kernels; pip install 'titanloop[gpu]' where a wheel exists)",
+    )
 
 
 def _check_kernel_choice(workdir: Path, name: str, overrides: dict) -> Check:
@@ -570,14 +706,27 @@ def _check_kernel_choice(workdir: Path, name: str, overrides: dict) -> Check:
     return kernel_choice_check(json.loads(out.read_text()))
 
 
-def _train(n_gpus: int, name: str, overrides: dict, n_loops: int, seq_len: int, precision: str, workdir: Path,
-           peak: float | None) -> tuple[RunResult, list[Check]]:
+def _train(
+    n_gpus: int,
+    name: str,
+    overrides: dict,
+    n_loops: int,
+    seq_len: int,
+    precision: str,
+    workdir: Path,
+    peak: float | None,
+) -> tuple[RunResult, list[Check]]:
     run_dir = workdir / f"T{n_loops}-{precision}"
     args = train_args(run_dir, name, overrides, n_loops, seq_len, n_gpus, precision)
     label = f"train T={n_loops} {precision}"
     missing = missing_modules(precision)
-    why = (f"{sys.executable} cannot import {missing}" if missing else
-           "this build's trainer has no training.float8" if precision != "bf16" and not float8_supported() else None)
+    why = (
+        f"{sys.executable} cannot import {missing}"
+        if missing
+        else "this build's trainer has no training.float8"
+        if precision != "bf16" and not float8_supported()
+        else None
+    )
     if why:
         return RunResult(n_loops, precision, error=why), [Check(label, False, why)]
     proc = subprocess.run(torchrun_command(sys.executable, n_gpus, args), capture_output=True, text=True)
@@ -588,16 +737,30 @@ def _train(n_gpus: int, name: str, overrides: dict, n_loops: int, seq_len: int, 
     cfg = preset(name, **overrides, n_loops=n_loops)
     tok_s, mfu = throughput(rows, cfg, seq_len, n_gpus, n_loops, peak)
     first, last = loss_window(rows)
-    res = RunResult(n_loops, precision, tokens_per_s_gpu=tok_s, mfu=mfu, loss_first=first, loss_last=last,
-                    peak_gib=max(r.get("max_mem_gib") or 0 for r in rows) or None)
-    checks = [Check(label, True, f"{name} {overrides or ''} {tok_s:,.0f} tokens/s/GPU, MFU "
-                                 f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, loss {first:.3f} -> {last:.3f}",
-                    {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error")})]
+    res = RunResult(
+        n_loops,
+        precision,
+        tokens_per_s_gpu=tok_s,
+        mfu=mfu,
+        loss_first=first,
+        loss_last=last,
+        peak_gib=max(r.get("max_mem_gib") or 0 for r in rows) or None,
+    )
+    checks = [
+        Check(
+            label,
+            True,
+            f"{name} {overrides or ''} {tok_s:,.0f} tokens/s/GPU, MFU "
+            f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, loss {first:.3f} -> {last:.3f}",
+            {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error")},
+        )
+    ]
     try:
         res.plan_gib = planned_peak_gib(TRAIN_CONFIG, args, n_gpus)
     except Exception as e:  # noqa: BLE001 - reported as a FAIL row
-        return res, checks + [Check(f"memory plan T={n_loops} {precision}", False,
-                                    f"plan failed: {type(e).__name__}: {e}"[:200])]
+        return res, checks + [
+            Check(f"memory plan T={n_loops} {precision}", False, f"plan failed: {type(e).__name__}: {e}"[:200])
+        ]
     return res, checks + [memory_plan_check(f"memory plan T={n_loops} {precision}", res.peak_gib, res.plan_gib)]
 
 
@@ -615,50 +778,110 @@ def planned_peak_gib(config: Path, args: list[str], n_gpus: int) -> float:
 def git_commit() -> str:
     """HEAD of this checkout, with '+dirty' when tracked files differ from it; 'unknown' outside git."""
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def result_json(checks: list[Check], runs: list[RunResult], *, device: str, n_gpus: int, torch_version: str,
-                commit: str, shape: str, seq_len: int, date: str | None = None) -> dict:
+def result_json(
+    checks: list[Check],
+    runs: list[RunResult],
+    *,
+    device: str,
+    n_gpus: int,
+    torch_version: str,
+    commit: str,
+    shape: str,
+    seq_len: int,
+    date: str | None = None,
+) -> dict:
     """The benchmarks/results/gpu_check.json document (the schema of benchmarks.report)."""
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     passed = sum(1 for c in checks if c.ok)
     judged = sum(1 for c in checks if c.ok is not None)
-    summary = [{"row": "gpu_check: checks passed", "measured": f"{passed}/{judged}", "target": "all",
-                "met": passed == judged and judged > 0}]
+    summary = [
+        {
+            "row": "gpu_check: checks passed",
+            "measured": f"{passed}/{judged}",
+            "target": "all",
+            "met": passed == judged and judged > 0,
+        }
+    ]
     by = {(r.n_loops, r.precision): r for r in runs}
     base = by.get((4, "bf16"))
     if base is not None and base.error is None:
-        summary.append({"row": f"tokens/s/GPU, T=4, bf16 ({shape}, {seq_len} tokens)",
-                        "measured": round(base.tokens_per_s_gpu), "target": None, "met": None})
+        summary.append(
+            {
+                "row": f"tokens/s/GPU, T=4, bf16 ({shape}, {seq_len} tokens)",
+                "measured": round(base.tokens_per_s_gpu),
+                "target": None,
+                "met": None,
+            }
+        )
         if base.mfu is not None:
             summary.append({"row": "MFU, T=4, bf16", "measured": round(base.mfu, 4), "target": None, "met": None})
         f8 = by.get((4, "tensorwise"))
         if f8 is not None and f8.error is None:
             ratio = round(f8.tokens_per_s_gpu / base.tokens_per_s_gpu, 3)
-            summary.append({"row": "float8 tensorwise / bf16 tokens/s, T=4", "measured": ratio,
-                            "target": ">= 1.0", "met": ratio >= 1.0})
+            summary.append(
+                {
+                    "row": "float8 tensorwise / bf16 tokens/s, T=4",
+                    "measured": ratio,
+                    "target": ">= 1.0",
+                    "met": ratio >= 1.0,
+                }
+            )
 
     def fmt(x, spec):
         return "" if x is None else format(x, spec)
 
-    run_rows = [[r.n_loops, r.precision, fmt(r.tokens_per_s_gpu, ",.0f"), fmt(r.mfu and 100 * r.mfu, ".1f"),
-                 fmt(r.peak_gib, ".2f"), fmt(r.plan_gib, ".2f"),
-                 "" if r.loss_first is None else f"{r.loss_first:.3f} -> {r.loss_last:.3f}", r.error or ""]
-                for r in runs]
-    tables = [{"title": "Checks", "columns": ["check", "result", "detail"],
-               "rows": [[c.name, verdict(c), c.detail] for c in checks]}]
+    run_rows = [
+        [
+            r.n_loops,
+            r.precision,
+            fmt(r.tokens_per_s_gpu, ",.0f"),
+            fmt(r.mfu and 100 * r.mfu, ".1f"),
+            fmt(r.peak_gib, ".2f"),
+            fmt(r.plan_gib, ".2f"),
+            "" if r.loss_first is None else f"{r.loss_first:.3f} -> {r.loss_last:.3f}",
+            r.error or "",
+        ]
+        for r in runs
+    ]
+    tables = [
+        {
+            "title": "Checks",
+            "columns": ["check", "result", "detail"],
+            "rows": [[c.name, verdict(c), c.detail] for c in checks],
+        }
+    ]
     if runs:
-        tables.append({"title": f"Training runs ({shape}, {seq_len} tokens/sequence, 1 sequence per GPU, {STEPS} "
-                                "steps, FSDP2 + compile + per-loop AC + document masking)",
-                       "columns": ["T", "precision", "tokens/s/GPU", "MFU %", "peak GiB", "plan GiB",
-                                   f"loss first -> last {LOSS_WINDOW} logged", "error"], "rows": run_rows})
+        tables.append(
+            {
+                "title": f"Training runs ({shape}, {seq_len} tokens/sequence, 1 sequence per GPU, {STEPS} "
+                "steps, FSDP2 + compile + per-loop AC + document masking)",
+                "columns": [
+                    "T",
+                    "precision",
+                    "tokens/s/GPU",
+                    "MFU %",
+                    "peak GiB",
+                    "plan GiB",
+                    f"loss first -> last {LOSS_WINDOW} logged",
+                    "error",
+                ],
+                "rows": run_rows,
+            }
+        )
     return {
         "title": "GPU check: the fast path on CUDA",
         "order": 5,
@@ -668,10 +891,20 @@ def result_json(checks: list[Check], runs: list[RunResult], *, device: str, n_gp
         "commit": commit,
         "summary": summary,
         "tables": tables,
-        "notes": ["Written by `scripts/gpu_check.sh` (titanloop/gpu_check.py); the tolerances and their derivation "
-                  "are in docs/scaling.md. MFU is against the device's bf16 dense peak, float8 runs included."],
-        "result": {"device": device, "n_gpus": n_gpus, "torch": torch_version, "commit": commit, "shape": shape,
-                   "seq_len": seq_len, "checks": [asdict(c) for c in checks], "runs": [asdict(r) for r in runs]},
+        "notes": [
+            "Written by `scripts/gpu_check.sh` (titanloop/gpu_check.py); the tolerances and their derivation "
+            "are in docs/scaling.md. MFU is against the device's bf16 dense peak, float8 runs included."
+        ],
+        "result": {
+            "device": device,
+            "n_gpus": n_gpus,
+            "torch": torch_version,
+            "commit": commit,
+            "shape": shape,
+            "seq_len": seq_len,
+            "checks": [asdict(c) for c in checks],
+            "runs": [asdict(r) for r in runs],
+        },
     }
 
 
@@ -686,8 +919,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m titanloop.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence of the training runs")
     parser.add_argument("--loops", default="4,8", help="T of the training runs (comma-separated, default 4,8)")
-    parser.add_argument("--precisions", default=",".join(RECIPES),
-                        help=f"training runs' precisions, a subset of {','.join(RECIPES)} (default all)")
+    parser.add_argument(
+        "--precisions",
+        default=",".join(RECIPES),
+        help=f"training runs' precisions, a subset of {','.join(RECIPES)} (default all)",
+    )
     parser.add_argument("--skip-train", action="store_true", help="only the single-GPU checks")
     parser.add_argument("--out", type=Path, default=RESULT_JSON, help="result json (default %(default)s)")
     parser.add_argument("--no-json", action="store_true", help="print the table only")
@@ -722,12 +958,14 @@ def main(argv: list[str] | None = None) -> int:
     free = min(torch.cuda.mem_get_info(i)[0] for i in range(n_gpus))
     name, overrides = pick_model(free, n_gpus)
     doc_ids = torch.tensor([[0] * 300 + [1] * 700 + [2] * 24, [0] * 1024])
-    single = [("flash-attn", _check_flash),
-              ("attention docs", lambda: attention_check("attention docs", "cuda", doc_ids)),
-              ("attention plain", lambda: attention_check("attention plain", "cuda")),
-              ("bf16 logits", lambda: bf16_logits_check("cuda")),
-              ("compile", lambda: compile_check("cuda")),
-              ("readout", lambda: readout_check("cuda"))]
+    single = [
+        ("flash-attn", _check_flash),
+        ("attention docs", lambda: attention_check("attention docs", "cuda", doc_ids)),
+        ("attention plain", lambda: attention_check("attention plain", "cuda")),
+        ("bf16 logits", lambda: bf16_logits_check("cuda")),
+        ("compile", lambda: compile_check("cuda")),
+        ("readout", lambda: readout_check("cuda")),
+    ]
     checks, runs = [], []
     for label, fn in single:
         try:
@@ -739,8 +977,9 @@ def main(argv: list[str] | None = None) -> int:
         checks.append(_check_kernel_choice(Path(tmp), name, overrides))
         if not args.skip_train:
             for n_loops, precision in itertools.product(args.loops, args.precisions):
-                res, rows = _train(n_gpus, name, overrides, n_loops, args.seq_len, precision, Path(tmp),
-                                   peak_flops(device))
+                res, rows = _train(
+                    n_gpus, name, overrides, n_loops, args.seq_len, precision, Path(tmp), peak_flops(device)
+                )
                 runs.append(res)
                 checks += rows
                 print(format_table(rows).splitlines()[-1], flush=True)
@@ -749,8 +988,19 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(checks))
     if not args.no_json:
         shape = name + "".join(f" {k}={v}" for k, v in overrides.items())
-        write_json(args.out, result_json(checks, runs, device=device, n_gpus=n_gpus, torch_version=torch.__version__,
-                                         commit=git_commit(), shape=shape, seq_len=args.seq_len))
+        write_json(
+            args.out,
+            result_json(
+                checks,
+                runs,
+                device=device,
+                n_gpus=n_gpus,
+                torch_version=torch.__version__,
+                commit=git_commit(),
+                shape=shape,
+                seq_len=args.seq_len,
+            ),
+        )
         print(f"wrote {args.out}")
     return exit_status(checks)
 

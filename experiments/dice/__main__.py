@@ -21,10 +21,14 @@ from experiments import common
 NAME = "dice"
 CONFIG = "experiments/dice/base.toml"
 TRAIN_BITS = 12  # 4,096 strings, ~200 of them held out
-PAPER = ("Table 1 (Deep Thinking nets on prefix sums, 40 test iterations): endpoint supervision 11.7% at 64 bits and "
-         "0% at 128; DICE 100% at 64, 72 and 128 bits, 11.9% at 256: dense supervision extrapolates in length.")
-VARIANTS = {"endpoint": {"objective.name": "final_only"},
-            "dense": {"objective.name": "dense", "objective.dense_schedule": "linear", "objective.dense_alpha": 1.0}}
+PAPER = (
+    "Table 1 (Deep Thinking nets on prefix sums, 40 test iterations): endpoint supervision 11.7% at 64 bits and "
+    "0% at 128; DICE 100% at 64, 72 and 128 bits, 11.9% at 256: dense supervision extrapolates in length."
+)
+VARIANTS = {
+    "endpoint": {"objective.name": "final_only"},
+    "dense": {"objective.name": "dense", "objective.dense_schedule": "linear", "objective.dense_alpha": 1.0},
+}
 
 
 def main(argv=None) -> int:
@@ -38,8 +42,12 @@ def main(argv=None) -> int:
             extra = {"training.seed": seed, **({"training.steps": 6} if args.smoke else {})}
             run = common.train(CONFIG, args.out / f"{name}_s{seed}", {**overrides, **extra}, nproc=args.nproc)
             for n in bits:
-                data = {"kind": "synthetic_task", "task": "xor", "split": "eval",
-                        "task_options": {"n_bits": TRAIN_BITS, "eval_n_bits": n}}
+                data = {
+                    "kind": "synthetic_task",
+                    "task": "xor",
+                    "split": "eval",
+                    "task_options": {"n_bits": TRAIN_BITS, "eval_n_bits": n},
+                }
                 points = common.heldout(run, loops=loops, data=data, n_examples=64 if args.smoke else 128)
                 for p in points:
                     table.setdefault((n, p["loops"]), []).append(p["sequence_accuracy"])
@@ -54,19 +62,36 @@ def main(argv=None) -> int:
     longest, deepest = bits[-1], loops[-1]
     gap = acc[("dense", longest, deepest)] - acc[("endpoint", longest, deepest)]
     reproduced = gap >= 0.1
-    verdict = (f"At {longest} bits (trained on {TRAIN_BITS}) and T={deepest}: dense "
-               f"{acc[('dense', longest, deepest)]:.3f} vs endpoint {acc[('endpoint', longest, deepest)]:.3f} "
-               f"({gap:+.3f}; reproduced = dense ahead by >= 10 points).")
-    common.write_results(args.out, name=NAME, title="DICE (Table 1): dense vs endpoint supervision, length "
-                         "extrapolation", paper=PAPER, columns=["variant", "test_bits"] + [f"T={t}" for t in loops],
-                         rows=rows, verdict=verdict, reproduced=reproduced, smoke=args.smoke,
-                         command=f"python -m experiments.{NAME}",
-                         extra={"seeds": args.seeds, "train_bits": TRAIN_BITS,
-                                "mean_accuracy": {f"{v}/{n}bits/T{t}": a for (v, n, t), a in acc.items()}})
-    common.plot(args.out / "accuracy_vs_bits.png",
-                {f"{v} T={deepest}": (bits, [acc[(v, n, deepest)] for n in bits]) for v in VARIANTS},
-                xlabel="test bits", ylabel="held-out exact-match accuracy",
-                title=f"Running XOR, trained on {TRAIN_BITS} bits", vline=TRAIN_BITS)
+    verdict = (
+        f"At {longest} bits (trained on {TRAIN_BITS}) and T={deepest}: dense "
+        f"{acc[('dense', longest, deepest)]:.3f} vs endpoint {acc[('endpoint', longest, deepest)]:.3f} "
+        f"({gap:+.3f}; reproduced = dense ahead by >= 10 points)."
+    )
+    common.write_results(
+        args.out,
+        name=NAME,
+        title="DICE (Table 1): dense vs endpoint supervision, length extrapolation",
+        paper=PAPER,
+        columns=["variant", "test_bits"] + [f"T={t}" for t in loops],
+        rows=rows,
+        verdict=verdict,
+        reproduced=reproduced,
+        smoke=args.smoke,
+        command=f"python -m experiments.{NAME}",
+        extra={
+            "seeds": args.seeds,
+            "train_bits": TRAIN_BITS,
+            "mean_accuracy": {f"{v}/{n}bits/T{t}": a for (v, n, t), a in acc.items()},
+        },
+    )
+    common.plot(
+        args.out / "accuracy_vs_bits.png",
+        {f"{v} T={deepest}": (bits, [acc[(v, n, deepest)] for n in bits]) for v in VARIANTS},
+        xlabel="test bits",
+        ylabel="held-out exact-match accuracy",
+        title=f"Running XOR, trained on {TRAIN_BITS} bits",
+        vline=TRAIN_BITS,
+    )
     print((args.out / "results.md").read_text())
     return 0
 

@@ -17,8 +17,10 @@ from experiments import common
 NAME = "mano"
 CONFIG = "experiments/mano/base.toml"
 MAX_OPS = 4
-PAPER = ("Fig. 6 right (L = 10, 16, 24; 12-layer budget): looped k ⊗ 12/k models beat the iso-parameter "
-         "{2, 3, 6} ⊗ 1 models and are better than or comparable to the iso-FLOP 12 ⊗ 1 model.")
+PAPER = (
+    "Fig. 6 right (L = 10, 16, 24; 12-layer budget): looped k ⊗ 12/k models beat the iso-parameter "
+    "{2, 3, 6} ⊗ 1 models and are better than or comparable to the iso-FLOP 12 ⊗ 1 model."
+)
 MODELS = {  # name -> overrides of base.toml
     "2x4 looped": {},
     "2x1 iso-param": {"loop_sampler.n_loops": 1},
@@ -38,15 +40,23 @@ def main(argv=None) -> int:
         per_ops = {n: [] for n in ops_list}
         for seed in args.seeds:
             extra = {"training.seed": seed, **({"training.steps": 6} if args.smoke else {})}
-            run = common.train(CONFIG, args.out / f"{name.split()[0]}_s{seed}", {**overrides, **extra},
-                               nproc=args.nproc)
+            run = common.train(
+                CONFIG, args.out / f"{name.split()[0]}_s{seed}", {**overrides, **extra}, nproc=args.nproc
+            )
             loops = common.run_config(run)["model"].get("n_loops", 4)
             for n in ops_list:
-                data = {"kind": "synthetic_task", "task": "mano", "split": "eval",
-                        "task_options": {"max_ops": MAX_OPS, "eval_ops": n}}
+                data = {
+                    "kind": "synthetic_task",
+                    "task": "mano",
+                    "split": "eval",
+                    "task_options": {"max_ops": MAX_OPS, "eval_ops": n},
+                }
                 count = 32 if args.smoke else (64 if n == 1 else 256)  # only ~80 distinct 1-operator trees are held out
-                per_ops[n].append(common.heldout(run, loops=[loops], data=data, n_examples=count,
-                                                 batch_size=min(64, count))[0]["sequence_accuracy"])
+                per_ops[n].append(
+                    common.heldout(run, loops=[loops], data=data, n_examples=count, batch_size=min(64, count))[0][
+                        "sequence_accuracy"
+                    ]
+                )
         row = {"model": name}
         for n in ops_list:
             m, s = common.mean_std(per_ops[n])
@@ -61,18 +71,40 @@ def main(argv=None) -> int:
     chance = 1 / build_task("mano", max_ops=MAX_OPS).modulus  # the task's modulus (ouro B.2: 23)
     best_shallow = max(acc.get((m, ops_list[0]), 0.0) for m in models)
     learned = best_shallow >= chance + 0.10
-    verdict = ("" if learned else
-               f"Not judgeable: no model learned the task (best accuracy at {ops_list[0]} operator(s) "
-               f"{best_shallow:.3f}, chance {chance:.3f}), so the comparison below is between untrained models. ")
-    verdict += (f"At {hardest} operators: looped 2x4 {looped:.3f}, iso-parameter 2x1 {iso_p:.3f}, iso-FLOP 8x1 "
-               f"{iso_f:.3f} (reproduced = looped beats 2x1 by >= 5 points and is within 5 points of 8x1 or above).")
-    common.write_results(args.out, name=NAME, title="Mano (ouro B.2): looped vs iso-parameter vs iso-FLOP",
-                         paper=PAPER, columns=["model"] + [f"ops={n}" for n in ops_list], rows=rows, verdict=verdict,
-                         reproduced=reproduced if learned else None, smoke=args.smoke,
-                         command=f"python -m experiments.{NAME}", extra={"seeds": args.seeds, "max_ops": MAX_OPS,
-                                "mean_accuracy": {f"{m}/ops{n}": a for (m, n), a in acc.items()}})
-    common.plot(args.out / "accuracy_by_ops.png", {m: (ops_list, [acc[(m, n)] for n in ops_list]) for m in models},
-                xlabel="operators in the tree", ylabel="held-out exact-match accuracy", title="Mano (mod 23)")
+    verdict = (
+        ""
+        if learned
+        else f"Not judgeable: no model learned the task (best accuracy at {ops_list[0]} operator(s) "
+        f"{best_shallow:.3f}, chance {chance:.3f}), so the comparison below is between untrained models. "
+    )
+    verdict += (
+        f"At {hardest} operators: looped 2x4 {looped:.3f}, iso-parameter 2x1 {iso_p:.3f}, iso-FLOP 8x1 "
+        f"{iso_f:.3f} (reproduced = looped beats 2x1 by >= 5 points and is within 5 points of 8x1 or above)."
+    )
+    common.write_results(
+        args.out,
+        name=NAME,
+        title="Mano (ouro B.2): looped vs iso-parameter vs iso-FLOP",
+        paper=PAPER,
+        columns=["model"] + [f"ops={n}" for n in ops_list],
+        rows=rows,
+        verdict=verdict,
+        reproduced=reproduced if learned else None,
+        smoke=args.smoke,
+        command=f"python -m experiments.{NAME}",
+        extra={
+            "seeds": args.seeds,
+            "max_ops": MAX_OPS,
+            "mean_accuracy": {f"{m}/ops{n}": a for (m, n), a in acc.items()},
+        },
+    )
+    common.plot(
+        args.out / "accuracy_by_ops.png",
+        {m: (ops_list, [acc[(m, n)] for n in ops_list]) for m in models},
+        xlabel="operators in the tree",
+        ylabel="held-out exact-match accuracy",
+        title="Mano (mod 23)",
+    )
     print((args.out / "results.md").read_text())
     return 0
 

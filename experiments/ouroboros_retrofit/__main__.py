@@ -37,10 +37,12 @@ VOCAB, SEQ, LAYERS = 128, 64, 8
 SPLIT = {"n_prelude": 2, "recurrent_layer": 4, "n_coda": 2}
 SMALL = {"lora_rank": 8, "lora_alpha": 16.0, "style_dim": 16, "max_loops": 8}
 CONFIG = "train_configs/ouroboros_retrofit.toml"
-PAPER = ("Qwen2.5-3B, 17 of 36 layers kept: gated recurrence is necessary (without it recursion makes the model "
-         "worse); the Controller beats static per-step LoRA in distribution at every depth (largest gap at depth "
-         "1: 5.08 vs 6.52); depth barely matters; on held-out text the Controller does not improve over the "
-         "truncated baseline (5.96 vs 5.69).")
+PAPER = (
+    "Qwen2.5-3B, 17 of 36 layers kept: gated recurrence is necessary (without it recursion makes the model "
+    "worse); the Controller beats static per-step LoRA in distribution at every depth (largest gap at depth "
+    "1: 5.08 vs 6.52); depth barely matters; on held-out text the Controller does not improve over the "
+    "truncated baseline (5.96 vs 5.69)."
+)
 
 
 class MarkovSource:
@@ -78,9 +80,18 @@ def pretrain(out_dir, steps: int) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=192,
-                                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=SEQ + 1, tie_word_embeddings=False))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=192,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ + 1,
+            tie_word_embeddings=False,
+        )
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, min(50, steps // 10))
     for step in range(steps):
@@ -113,18 +124,34 @@ def evaluate(model, n_loops: int) -> dict:
 
 def retrofit(hf_dir, run_dir, steps: int, nproc: int, variant: dict) -> dict:
     """Train one variant through torchrun -m titanloop.train and evaluate its final checkpoint."""
-    overrides = {"retrofit.hf_path": str(hf_dir), **{f"retrofit.{k}": v for k, v in {**SPLIT, **SMALL}.items()},
-                 **{f"retrofit.{k}": v for k, v in variant.items()}, "loop_sampler.n_loops": variant["n_loops"],
-                 "data.kind": "synthetic_text", "data.sources": [], "training.seq_len": SEQ,
-                 "training.micro_batch_size": 16 // nproc, "training.global_batch_size": 16,
-                 "training.steps": steps, "training.doc_masking": False, "optimizer.lr": 1e-3,
-                 "lr_scheduler.warmup_steps": max(1, steps // 10), "metrics.log_freq": max(1, steps // 4)}
+    overrides = {
+        "retrofit.hf_path": str(hf_dir),
+        **{f"retrofit.{k}": v for k, v in {**SPLIT, **SMALL}.items()},
+        **{f"retrofit.{k}": v for k, v in variant.items()},
+        "loop_sampler.n_loops": variant["n_loops"],
+        "data.kind": "synthetic_text",
+        "data.sources": [],
+        "training.seq_len": SEQ,
+        "training.micro_batch_size": 16 // nproc,
+        "training.global_batch_size": 16,
+        "training.steps": steps,
+        "training.doc_masking": False,
+        "optimizer.lr": 1e-3,
+        "lr_scheduler.warmup_steps": max(1, steps // 10),
+        "metrics.log_freq": max(1, steps // 4),
+    }
     start = time.perf_counter()
     common.train(CONFIG, run_dir, overrides, nproc=nproc)
     model = load_retrofit_checkpoint(run_dir / "checkpoints")
     trainable, frozen = model.param_counts()
-    return {**variant, "trainable": trainable, "frozen": frozen, "train_s": round(time.perf_counter() - start, 1),
-            "train_loss_last": common.metrics(run_dir)[-1]["loss"], **evaluate(model, variant["n_loops"])}
+    return {
+        **variant,
+        "trainable": trainable,
+        "frozen": frozen,
+        "train_s": round(time.perf_counter() - start, 1),
+        "train_loss_last": common.metrics(run_dir)[-1]["loss"],
+        **evaluate(model, variant["n_loops"]),
+    }
 
 
 def label(r: dict) -> str:
@@ -136,8 +163,11 @@ def label(r: dict) -> str:
 def main(argv=None) -> int:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--jobs", type=int, default=2, help="retrofit runs trained at the same time (default 2)")
-    extra.add_argument("--reuse-dense", action="store_true",
-                       help="keep <out>/dense_qwen2 from an earlier invocation instead of pretraining again")
+    extra.add_argument(
+        "--reuse-dense",
+        action="store_true",
+        help="keep <out>/dense_qwen2 from an earlier invocation instead of pretraining again",
+    )
     mine, rest = extra.parse_known_args(argv if argv is not None else sys.argv[1:])
     args = common.parse_args(NAME, __doc__.splitlines()[0], rest)
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -148,35 +178,67 @@ def main(argv=None) -> int:
         pretrain(hf_dir, pre_steps)
     dense = evaluate_dense(hf_dir)
     print(f"dense 8-layer Qwen2 ({time.perf_counter() - t0:.0f}s): {dense}", flush=True)
-    base = evaluate(load_retrofit(RetrofitConfig(hf_path=str(hf_dir), **SPLIT, modulation="none",
-                                                 gated_recurrence=False, step_norm=False)), 1)
+    base = evaluate(
+        load_retrofit(
+            RetrofitConfig(hf_path=str(hf_dir), **SPLIT, modulation="none", gated_recurrence=False, step_norm=False)
+        ),
+        1,
+    )
     print(f"truncated 5-layer model, no training: {base}", flush=True)
-    grid = [{"modulation": m, "gated_recurrence": True, "n_loops": t} for m in ("controller", "static", "none")
-            for t in (1, 4, 8)]
+    grid = [
+        {"modulation": m, "gated_recurrence": True, "n_loops": t}
+        for m in ("controller", "static", "none")
+        for t in (1, 4, 8)
+    ]
     grid += [{"modulation": "controller", "gated_recurrence": False, "n_loops": t} for t in (1, 4, 8)]
     grid += [{"modulation": "controller", "gated_recurrence": True, "n_loops": 4, "pooling": "sequence"}]
     if args.smoke:
         grid = [grid[1], grid[4], grid[-1]]
-    rows_out = [{"variant": "full dense model (8 layers)", "depth": "-", **dense},
-                {"variant": "truncated (5 layers), untrained", "depth": 1, **base}]
+    rows_out = [
+        {"variant": "full dense model (8 layers)", "depth": "-", **dense},
+        {"variant": "truncated (5 layers), untrained", "depth": 1, **base},
+    ]
     grid = [{"pooling": "causal", **v} for v in grid]
     with ThreadPoolExecutor(max(1, mine.jobs)) as pool:  # each run is its own torchrun process
-        runs = list(pool.map(lambda iv: retrofit(hf_dir, args.out / f"run{iv[0]:02d}", steps, args.nproc, iv[1]),
-                             enumerate(grid)))
+        runs = list(
+            pool.map(
+                lambda iv: retrofit(hf_dir, args.out / f"run{iv[0]:02d}", steps, args.nproc, iv[1]), enumerate(grid)
+            )
+        )
     for r in runs:
-        rows_out.append({"variant": label(r), "depth": r["n_loops"], "in_dist": r["in_dist"],
-                         "held_out": r["held_out"], "trainable": r["trainable"]})
+        rows_out.append(
+            {
+                "variant": label(r),
+                "depth": r["n_loops"],
+                "in_dist": r["in_dist"],
+                "held_out": r["held_out"],
+                "trainable": r["trainable"],
+            }
+        )
         print(rows_out[-1], flush=True)
     by = {(r["modulation"], r["gated_recurrence"], r["pooling"], r["n_loops"]): r for r in runs}
     verdict, reproduced = judge(by, base) if not args.smoke else ("smoke run", None)
-    common.write_results(args.out, name=NAME, title="Ouroboros retrofit: Controller vs static LoRA, gate, depth",
-                         paper=PAPER, columns=["variant", "depth", "in_dist", "held_out", "trainable"],
-                         rows=rows_out, verdict=verdict, reproduced=reproduced,
-                         command="python -m experiments.ouroboros_retrofit" + (" --smoke" if args.smoke else ""),
-                         smoke=args.smoke, extra={"runs": runs, "dense": dense, "truncated": base,
-                                                  "pretrain_steps": pre_steps, "retrofit_steps": steps,
-                                                  "total_s": round(time.perf_counter() - t0, 1),
-                                                  "total_cpu_s_this_process": round(time.process_time() - cpu0, 1)})
+    common.write_results(
+        args.out,
+        name=NAME,
+        title="Ouroboros retrofit: Controller vs static LoRA, gate, depth",
+        paper=PAPER,
+        columns=["variant", "depth", "in_dist", "held_out", "trainable"],
+        rows=rows_out,
+        verdict=verdict,
+        reproduced=reproduced,
+        command="python -m experiments.ouroboros_retrofit" + (" --smoke" if args.smoke else ""),
+        smoke=args.smoke,
+        extra={
+            "runs": runs,
+            "dense": dense,
+            "truncated": base,
+            "pretrain_steps": pre_steps,
+            "retrofit_steps": steps,
+            "total_s": round(time.perf_counter() - t0, 1),
+            "total_cpu_s_this_process": round(time.process_time() - cpu0, 1),
+        },
+    )
     print(f"wrote {args.out}/results.json in {time.perf_counter() - t0:.0f}s")
     return 0
 
@@ -189,18 +251,23 @@ def judge(by: dict, base: dict) -> tuple[str, bool]:
     ung = [by[("controller", False, "causal", t)] for t in depths]
     checks = {
         "gated beats ungated at every depth": all(u["in_dist"] > c["in_dist"] for u, c in zip(ung, ctl)),
-        "ungated is worse than the truncated model (the paper's 'strictly worse')":
-            all(u["in_dist"] > base["in_dist"] for u in ung),
-        "Controller beats static LoRA in distribution at every depth":
-            all(c["in_dist"] < s["in_dist"] for c, s in zip(ctl, sta)),
-        "the Controller-static gap is largest at depth 1":
-            ctl[0]["in_dist"] - sta[0]["in_dist"] <= min(c["in_dist"] - s["in_dist"] for c, s in zip(ctl, sta)),
-        "depth barely matters for the Controller (spread < 0.05)":
-            max(c["in_dist"] for c in ctl) - min(c["in_dist"] for c in ctl) < 0.05,
-        "the Controller does not improve held-out over the truncated model":
-            all(c["held_out"] >= base["held_out"] for c in ctl),
+        "ungated is worse than the truncated model (the paper's 'strictly worse')": all(
+            u["in_dist"] > base["in_dist"] for u in ung
+        ),
+        "Controller beats static LoRA in distribution at every depth": all(
+            c["in_dist"] < s["in_dist"] for c, s in zip(ctl, sta)
+        ),
+        "the Controller-static gap is largest at depth 1": ctl[0]["in_dist"] - sta[0]["in_dist"]
+        <= min(c["in_dist"] - s["in_dist"] for c, s in zip(ctl, sta)),
+        "depth barely matters for the Controller (spread < 0.05)": max(c["in_dist"] for c in ctl)
+        - min(c["in_dist"] for c in ctl)
+        < 0.05,
+        "the Controller does not improve held-out over the truncated model": all(
+            c["held_out"] >= base["held_out"] for c in ctl
+        ),
     }
     return "; ".join(f"{k}: {'yes' if v else 'no'}" for k, v in checks.items()) + ".", all(checks.values())
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,14 +17,22 @@ from experiments import common
 NAME = "stars"
 CONFIG = "experiments/stars/base.toml"
 LOOPS = [1, 2, 4, 8, 16, 32]
-PAPER = ("Fig. 5 (4-digit addition, T_train = 4 median, log-normal μ = 2, σ = 0.7, range [1, 100], JSRR λ = 0.1): "
-         "with STARS accuracy stays at 100% for every test-time loop count; without it (Fig. 3) accuracy "
-         "collapses once the loop count exceeds the training range.")
+PAPER = (
+    "Fig. 5 (4-digit addition, T_train = 4 median, log-normal μ = 2, σ = 0.7, range [1, 100], JSRR λ = 0.1): "
+    "with STARS accuracy stays at 100% for every test-time loop count; without it (Fig. 3) accuracy "
+    "collapses once the loop count exceeds the training range."
+)
 VARIANTS = {
     "plain": {},
     # median exp(1.4) ≈ 4 loops, like the plain run's T = 4 (the paper's μ = 2 has median 7.4; scaled down for CPU)
-    "stars": {"loop_sampler.kind": "lognormal", "loop_sampler.mu": 1.4, "loop_sampler.sigma": 0.5,
-              "loop_sampler.min_sampled": 1, "loop_sampler.max_sampled": 12, "objective.jsrr_weight": 0.1},
+    "stars": {
+        "loop_sampler.kind": "lognormal",
+        "loop_sampler.mu": 1.4,
+        "loop_sampler.sigma": 0.5,
+        "loop_sampler.min_sampled": 1,
+        "loop_sampler.max_sampled": 12,
+        "objective.jsrr_weight": 0.1,
+    },
 }
 
 
@@ -50,16 +58,32 @@ def main(argv=None) -> int:
     i4, last = loops.index(4), len(loops) - 1
     drop = {n: c[i4] - c[last] for n, c in curves.items()}
     reproduced = drop["stars"] < drop["plain"] - 0.05 and curves["stars"][last] >= 0.9 * curves["stars"][i4]
-    verdict = (f"Accuracy drop from T=4 to T={loops[-1]}: plain {drop['plain']:+.3f}, stars {drop['stars']:+.3f} "
-               f"(reproduced = stars drops at least 5 points less than plain and keeps >= 90% of its T=4 accuracy).")
-    common.write_results(args.out, name=NAME, title="STARS (Fig. 5): accuracy vs test-time loops, plain vs JSRR + "
-                         "log-normal loop sampling", paper=PAPER, columns=["variant"] + [f"T={t}" for t in loops],
-                         rows=rows, verdict=verdict, reproduced=reproduced, smoke=args.smoke,
-                         command=f"python -m experiments.{NAME}", extra={"seeds": args.seeds, "loops": loops,
-                                                                         "mean_accuracy": curves})
-    common.plot(args.out / "accuracy_vs_loops.png", {n: (loops, c) for n, c in curves.items()}, xlabel="loops T",
-                ylabel="held-out exact-match accuracy", title="Addition: accuracy vs test-time loops", logx=True,
-                vline=4)
+    verdict = (
+        f"Accuracy drop from T=4 to T={loops[-1]}: plain {drop['plain']:+.3f}, stars {drop['stars']:+.3f} "
+        f"(reproduced = stars drops at least 5 points less than plain and keeps >= 90% of its T=4 accuracy)."
+    )
+    common.write_results(
+        args.out,
+        name=NAME,
+        title="STARS (Fig. 5): accuracy vs test-time loops, plain vs JSRR + log-normal loop sampling",
+        paper=PAPER,
+        columns=["variant"] + [f"T={t}" for t in loops],
+        rows=rows,
+        verdict=verdict,
+        reproduced=reproduced,
+        smoke=args.smoke,
+        command=f"python -m experiments.{NAME}",
+        extra={"seeds": args.seeds, "loops": loops, "mean_accuracy": curves},
+    )
+    common.plot(
+        args.out / "accuracy_vs_loops.png",
+        {n: (loops, c) for n, c in curves.items()},
+        xlabel="loops T",
+        ylabel="held-out exact-match accuracy",
+        title="Addition: accuracy vs test-time loops",
+        logx=True,
+        vline=4,
+    )
     print((args.out / "results.md").read_text())
     return 0
 

@@ -2,6 +2,7 @@
 
 See docs/checkpointing.md for the layout and the signal/exit-code protocol.
 """
+
 from titanloop.checkpoint.checkpointer import Checkpointer
 from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.checkpoint.errors import CheckpointError

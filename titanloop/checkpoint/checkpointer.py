@@ -36,8 +36,15 @@ from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.checkpoint.errors import CheckpointError
 from titanloop.checkpoint.preemption import collective_device
 from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
-from titanloop.checkpoint.state import (ModelState, OptimizerState, join_state, restore_rng_state,
-                                        rng_state_tensors, split_state, tensor_paths)
+from titanloop.checkpoint.state import (
+    ModelState,
+    OptimizerState,
+    join_state,
+    restore_rng_state,
+    rng_state_tensors,
+    split_state,
+    tensor_paths,
+)
 
 log = logging.getLogger("titanloop.checkpoint")
 
@@ -58,8 +65,16 @@ def _dist() -> tuple[int, int]:
 
 
 class Checkpointer:
-    def __init__(self, cfg: CheckpointConfig, run_dir, states: dict, *, config: dict | None = None,
-                 stage: str | None = None, trained_depth: dict | None = None):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        run_dir,
+        states: dict,
+        *,
+        config: dict | None = None,
+        stage: str | None = None,
+        trained_depth: dict | None = None,
+    ):
         self.cfg = cfg
         self.root = Path(run_dir) / cfg.folder
         self.rank, self.world = _dist()
@@ -73,9 +88,14 @@ class Checkpointer:
         self._save_group = dist.new_group(backend="gloo") if (self.async_mode and self.distributed) else None
         # One stager for the whole run: it keeps the CPU copy buffers (pinned on CUDA) between saves, so an
         # async save stalls the loop only for a memcpy into memory that is already mapped.
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
-                                                    use_shared_memory=False, use_async_staging=False,
-                                                    use_non_blocking_copy=False))
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(),
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
         self._pending: _PendingSave | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
         self.last_saved_step: int | None = None
@@ -99,12 +119,15 @@ class Checkpointer:
             elif isinstance(obj, torch.optim.Optimizer) and type(obj).state_dict is torch.optim.Optimizer.state_dict:
                 # (containers such as torchtitan's OptimizersContainer bring their own FQN state_dict)
                 if not isinstance(model, nn.Module):
-                    raise CheckpointError(f"checkpoint state {name!r} is a bare optimizer: pass the model as "
-                                          "states['model'] (an nn.Module) or an object with state_dict()")
+                    raise CheckpointError(
+                        f"checkpoint state {name!r} is a bare optimizer: pass the model as "
+                        "states['model'] (an nn.Module) or an object with state_dict()"
+                    )
                 obj = OptimizerState(model, obj)
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise CheckpointError(f"checkpoint state {name!r} ({type(obj).__name__}) has no "
-                                      "state_dict()/load_state_dict()")
+                raise CheckpointError(
+                    f"checkpoint state {name!r} ({type(obj).__name__}) has no state_dict()/load_state_dict()"
+                )
             out[name] = obj
         return out
 
@@ -141,14 +164,22 @@ class Checkpointer:
         tensors: dict[str, torch.Tensor] = {}
         skeletons = {name: split_state(obj.state_dict(), name, tensors) for name, obj in self.states.items()}
         tensors.update(rng_state_tensors(self.rank))
-        manifest = {"format": 1, "step": step, "world_size": self.world, "stage": self.stage,
-                    "config": self.config, "trained_depth": self.trained_depth, "states": skeletons,
-                    "saved_at": time.time()}
+        manifest = {
+            "format": 1,
+            "step": step,
+            "world_size": self.world,
+            "stage": self.stage,
+            "config": self.config,
+            "trained_depth": self.trained_depth,
+            "states": skeletons,
+            "saved_at": time.time(),
+        }
         json.dumps(manifest, allow_nan=True)  # fail now, on every rank, if a state is not JSON-serializable
         writer = FileSystemWriter(staging, sync_files=True)
         if use_async:
-            upload = dcp.async_save(tensors, storage_writer=writer, process_group=self._save_group,
-                                    async_stager=self._stager)
+            upload = dcp.async_save(
+                tensors, storage_writer=writer, process_group=self._save_group, async_stager=self._stager
+            )
             written = self._executor.submit(self._finish_rank_files, upload, staging)
         else:
             dcp.save(tensors, storage_writer=writer)
@@ -191,8 +222,13 @@ class Checkpointer:
         if self.rank == 0:
             final = layout.publish(self.root, p.staging, p.step, {**p.manifest, "files": files})
             removed = layout.apply_retention(self.root, self.cfg.keep_latest_k, self.cfg.keep_every)
-            log.info("checkpoint step %d published at %s in %.2fs%s", p.step, final,
-                     time.perf_counter() - p.started, f"; removed steps {removed}" if removed else "")
+            log.info(
+                "checkpoint step %d published at %s in %.2fs%s",
+                p.step,
+                final,
+                time.perf_counter() - p.started,
+                f"; removed steps {removed}" if removed else "",
+            )
         self._barrier()  # nobody proceeds (or exits) before the checkpoint is published
 
     def close(self) -> None:
@@ -234,8 +270,7 @@ class Checkpointer:
         live = {}  # the current state dicts: shapes to check, in-place load targets
         for name, obj in self.states.items():
             if name not in manifest["states"]:
-                raise CheckpointError(f"checkpoint {ckpt} has no state {name!r} (it has "
-                                      f"{sorted(manifest['states'])})")
+                raise CheckpointError(f"checkpoint {ckpt} has no state {name!r} (it has {sorted(manifest['states'])})")
             live_tensors: dict[str, torch.Tensor] = {}
             live[name] = obj.state_dict()
             split_state(live[name], name, live_tensors)
@@ -243,8 +278,10 @@ class Checkpointer:
                 targets[path] = self._target(path, live_tensors.get(path), metadata, ckpt)
             missing = sorted(set(live_tensors) - set(targets))
             if missing and name == "model":  # (optimizer state may legitimately lack never-updated params)
-                raise CheckpointError(f"checkpoint {ckpt} lacks tensor {missing[0]!r} of the current {name} "
-                                      f"({len(missing)} missing): it was saved from another model")
+                raise CheckpointError(
+                    f"checkpoint {ckpt} lacks tensor {missing[0]!r} of the current {name} "
+                    f"({len(missing)} missing): it was saved from another model"
+                )
         rng_prefix = f"rng/rank{self.rank}/"
         has_rng = self.rank < saved_world
         if has_rng:
@@ -262,8 +299,12 @@ class Checkpointer:
         if has_rng:
             restore_rng_state(targets, self.rank)
         elif self.rank == 0 or self.rank == saved_world:
-            log.warning("checkpoint was saved by %d ranks, now %d: ranks >= %d keep their fresh RNG seeding",
-                        saved_world, self.world, saved_world)
+            log.warning(
+                "checkpoint was saved by %d ranks, now %d: ranks >= %d keep their fresh RNG seeding",
+                saved_world,
+                self.world,
+                saved_world,
+            )
         self.last_saved_step = step
         log.info("resumed from %s (saved by %d ranks, loaded on %d)", ckpt, saved_world, self.world)
         return manifest
@@ -289,14 +330,20 @@ class Checkpointer:
         """The tensor DCP loads `path` into: the live one (in place, keeps sharding) or a fresh one."""
         md = metadata.get(path)
         if md is None:
-            raise CheckpointError(f"checkpoint {ckpt} is inconsistent: tensor {path!r} is listed in "
-                                  f"{layout.MANIFEST} but not in .metadata")
+            raise CheckpointError(
+                f"checkpoint {ckpt} is inconsistent: tensor {path!r} is listed in "
+                f"{layout.MANIFEST} but not in .metadata"
+            )
         if not hasattr(md, "size"):  # titanloop saves only tensors to DCP: a pickled entry is never read
-            raise CheckpointError(f"checkpoint {ckpt} stores {path!r} as a non-tensor (pickled) entry where a tensor "
-                                  "is expected: refusing to load it")
+            raise CheckpointError(
+                f"checkpoint {ckpt} stores {path!r} as a non-tensor (pickled) entry where a tensor "
+                "is expected: refusing to load it"
+            )
         if live is None:
             return torch.empty(md.size, dtype=md.properties.dtype)
         if tuple(live.shape) != tuple(md.size):
-            raise CheckpointError(f"checkpoint {ckpt} has tensor {path!r} of shape {tuple(md.size)}, the current "
-                                  f"model has {tuple(live.shape)}: it was saved from a model of another shape")
+            raise CheckpointError(
+                f"checkpoint {ckpt} has tensor {path!r} of shape {tuple(md.size)}, the current "
+                f"model has {tuple(live.shape)}: it was saved from a model of another shape"
+            )
         return live

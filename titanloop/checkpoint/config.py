@@ -24,9 +24,14 @@ class CheckpointConfig:
 
     def __post_init__(self):
         require(self.interval >= 1, "checkpoint.interval", self.interval, "an integer >= 1 (steps between saves)")
-        require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", self.keep_latest_k,
-                "an integer >= 0 (0 keeps all)")
+        require(
+            self.keep_latest_k >= 0, "checkpoint.keep_latest_k", self.keep_latest_k, "an integer >= 0 (0 keeps all)"
+        )
         require(self.keep_every >= 0, "checkpoint.keep_every", self.keep_every, "an integer >= 0 (0 disables)")
         require_choice(self.mode, "checkpoint.mode", SAVE_MODES)
-        require(bool(self.folder) and not self.folder.startswith("/") and ".." not in self.folder,
-                "checkpoint.folder", self.folder, "a relative folder name inside the run dir")
+        require(
+            bool(self.folder) and not self.folder.startswith("/") and ".." not in self.folder,
+            "checkpoint.folder",
+            self.folder,
+            "a relative folder name inside the run dir",
+        )

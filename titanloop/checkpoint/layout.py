@@ -138,11 +138,14 @@ def read_manifest(ckpt: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint file {path} is unreadable or corrupt ({type(e).__name__}: {e}); "
-                              f"delete {ckpt} to resume from an older checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint file {path} is unreadable or corrupt ({type(e).__name__}: {e}); "
+            f"delete {ckpt} to resume from an older checkpoint"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != 1 or "files" not in manifest:
-        raise CheckpointError(f"checkpoint file {path} is not a titanloop v1 manifest; delete {ckpt} to resume "
-                              "from an older checkpoint")
+        raise CheckpointError(
+            f"checkpoint file {path} is not a titanloop v1 manifest; delete {ckpt} to resume from an older checkpoint"
+        )
     return manifest
 
 
@@ -163,7 +166,8 @@ def verify_files(ckpt: Path, manifest: dict, crc_of: set[str] | None = None) -> 
             raise CheckpointError(f"checkpoint file {path} is missing; {hint}")
         size = path.stat().st_size
         if size != rec["bytes"]:
-            raise CheckpointError(f"checkpoint file {path} is truncated or altered: {size} bytes, expected "
-                                  f"{rec['bytes']}; {hint}")
+            raise CheckpointError(
+                f"checkpoint file {path} is truncated or altered: {size} bytes, expected {rec['bytes']}; {hint}"
+            )
         if "crc32" in rec and (crc_of is None or name in crc_of) and file_crc32(path) != rec["crc32"]:
             raise CheckpointError(f"checkpoint file {path} is corrupt (crc32 mismatch); {hint}")

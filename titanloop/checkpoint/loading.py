@@ -22,8 +22,10 @@ from titanloop.interchange.ouro_hf import import_ouro_hf
 from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
 from titanloop.checkpoint import layout
 
-ACCEPTED = ("an Ouro Hugging Face directory (config.json + *.safetensors, from titanloop.interchange "
-            "export_ouro_hf)", "a titanloop DCP checkpoint (step-N dir or the folder with `latest`)")
+ACCEPTED = (
+    "an Ouro Hugging Face directory (config.json + *.safetensors, from titanloop.interchange export_ouro_hf)",
+    "a titanloop DCP checkpoint (step-N dir or the folder with `latest`)",
+)
 
 
 def checkpoint_format(path) -> str:
@@ -35,8 +37,7 @@ def checkpoint_format(path) -> str:
         return "ouro_hf"
     if p.is_dir() and ((p / ".metadata").is_file() or (p / "latest").is_file()):
         return "dcp"
-    raise ConfigError(f"checkpoint path={str(p)!r} is not a LoopLM checkpoint: expected {ACCEPTED[0]} "
-                      f"or {ACCEPTED[1]}")
+    raise ConfigError(f"checkpoint path={str(p)!r} is not a LoopLM checkpoint: expected {ACCEPTED[0]} or {ACCEPTED[1]}")
 
 
 def trained_depth(manifest: dict) -> dict | None:
@@ -47,8 +48,11 @@ def trained_depth(manifest: dict) -> dict | None:
     sampler = (manifest.get("config") or {}).get("loop_sampler")
     if isinstance(sampler, dict) and isinstance(sampler.get("n_loops"), int):
         kind = sampler.get("kind", "fixed")
-        lo, hi = ((sampler["n_loops"],) * 2 if kind == "fixed"
-                  else (sampler.get("min_sampled", 1), sampler.get("max_sampled", sampler["n_loops"])))
+        lo, hi = (
+            (sampler["n_loops"],) * 2
+            if kind == "fixed"
+            else (sampler.get("min_sampled", 1), sampler.get("max_sampled", sampler["n_loops"]))
+        )
         return {"kind": kind, "n_loops": sampler["n_loops"], "min": lo, "max": hi}
     return None
 
@@ -59,8 +63,10 @@ def _model_config_from_manifest(manifest: dict, ckpt: Path) -> LoopLMConfig:
     for evaluation, sweeps, exits and export."""
     section = (manifest.get("config") or {}).get("model")
     if not isinstance(section, dict):
-        raise ConfigError(f"checkpoint {str(ckpt)!r} has no model config (titanloop.json config.model): it is not "
-                          "a titanloop training checkpoint; save with Checkpointer(config=train_config.to_dict())")
+        raise ConfigError(
+            f"checkpoint {str(ckpt)!r} has no model config (titanloop.json config.model): it is not "
+            "a titanloop training checkpoint; save with Checkpointer(config=train_config.to_dict())"
+        )
     section = dict(section)
     depth = trained_depth(manifest)
     if depth is not None:
@@ -78,13 +84,17 @@ def published_step_dir(path: Path) -> tuple[Path, dict]:
     if not (path / ".metadata").is_file():
         step = layout.latest_step(path)
         if step is None:
-            raise ConfigError(f"checkpoint path={str(path)!r} has no published checkpoint: expected a step-N "
-                              "directory or a checkpoint folder with `latest`")
+            raise ConfigError(
+                f"checkpoint path={str(path)!r} has no published checkpoint: expected a step-N "
+                "directory or a checkpoint folder with `latest`"
+            )
         path = path / layout.step_dir_name(step)
     if not (path / layout.MANIFEST).is_file():
-        raise ConfigError(f"checkpoint path={str(path)!r} is a DCP checkpoint without {layout.MANIFEST} (e.g. "
-                          "torchtitan's CheckpointManager format, which does not record the model config): "
-                          "expected a titanloop.checkpoint checkpoint, or export the model to an Ouro HF directory")
+        raise ConfigError(
+            f"checkpoint path={str(path)!r} is a DCP checkpoint without {layout.MANIFEST} (e.g. "
+            "torchtitan's CheckpointManager format, which does not record the model config): "
+            "expected a titanloop.checkpoint checkpoint, or export the model to an Ouro HF directory"
+        )
     return path, layout.read_manifest(path)
 
 
@@ -93,20 +103,23 @@ def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, 
     restricted reader); `tied` names parameters that may be absent because they share another one's storage."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-
     stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
     live = model.state_dict()
     targets = {f"model/{k}": torch.empty_like(v) for k, v in live.items() if f"model/{k}" in stored}
     missing = sorted(k for k in live if f"model/{k}" not in stored and k not in tied)
     if missing:
-        raise ConfigError(f"checkpoint {str(path)!r} lacks model tensor {missing[0]!r} ({len(missing)} missing): "
-                          f"it does not hold a {type(model).__name__} of the stored config")
+        raise ConfigError(
+            f"checkpoint {str(path)!r} lacks model tensor {missing[0]!r} ({len(missing)} missing): "
+            f"it does not hold a {type(model).__name__} of the stored config"
+        )
     not_tensors = sorted(k for k in targets if not isinstance(stored[k], TensorStorageMetadata))
     if not_tensors:
-        raise ConfigError(f"checkpoint {str(path)!r} stores {not_tensors[0]!r} as a non-tensor entry, not as a "
-                          "tensor: it is not a titanloop training checkpoint (refusing to load it)")
+        raise ConfigError(
+            f"checkpoint {str(path)!r} stores {not_tensors[0]!r} as a non-tensor entry, not as a "
+            "tensor: it is not a titanloop training checkpoint (refusing to load it)"
+        )
     load_dcp(targets, path)
-    model.load_state_dict({k[len("model/"):]: v for k, v in targets.items()}, strict=not tied)
+    model.load_state_dict({k[len("model/") :]: v for k, v in targets.items()}, strict=not tied)
 
 
 def _load_dcp(path: Path, device, dtype) -> LoopLM:
@@ -115,6 +128,7 @@ def _load_dcp(path: Path, device, dtype) -> LoopLM:
     model = LoopLM(_model_config_from_manifest(manifest, path))
     load_dcp_model_weights(model, path, ("lm_head.weight",) if model.cfg.tie_embeddings else ())
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
 
 def load_model(path, device="cpu", dtype: torch.dtype | None = None) -> LoopLM:
     """Load a LoopLM from `path` (formats in the module docstring), in eval mode."""

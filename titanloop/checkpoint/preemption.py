@@ -45,8 +45,9 @@ def _parse_signal(name) -> signal.Signals:
     key = str(name).upper()
     key = key if key.startswith("SIG") else "SIG" + key
     if key not in signal.Signals.__members__ or key in ("SIGKILL", "SIGSTOP"):
-        raise ConfigError(f"preemption signal {name!r} is invalid: expected a catchable signal name such as "
-                          "'SIGUSR1' or 'SIGTERM'")
+        raise ConfigError(
+            f"preemption signal {name!r} is invalid: expected a catchable signal name such as 'SIGUSR1' or 'SIGTERM'"
+        )
     return signal.Signals[key]
 
 
@@ -58,16 +59,16 @@ def slurm_job_end_time() -> float | None:
     if not job:
         return None
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         return datetime.fromisoformat(out).timestamp()
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
 
 
 class PreemptionMonitor:
-    def __init__(self, signals=("SIGUSR1", "SIGTERM"), slurm_time_margin_s: float = 0.0,
-                 install: bool = True):
+    def __init__(self, signals=("SIGUSR1", "SIGTERM"), slurm_time_margin_s: float = 0.0, install: bool = True):
         self.signals = [_parse_signal(s) for s in signals]
         self.margin = float(slurm_time_margin_s)
         self.received: list[signal.Signals] = []  # every signal seen, in order
@@ -99,8 +100,12 @@ class PreemptionMonitor:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             code = int(t.item())
         if code and self.reason is None:
-            self.reason = ("signal " + (self.received[0].name if self.received else "on another rank")
-                           if code == 1 else f"less than {self.margin:.0f}s of Slurm time left")
-            log.warning("preemption at step %d (%s): saving and exiting with code %d", step, self.reason,
-                        EXIT_CODE_PREEMPTED)
+            self.reason = (
+                "signal " + (self.received[0].name if self.received else "on another rank")
+                if code == 1
+                else f"less than {self.margin:.0f}s of Slurm time left"
+            )
+            log.warning(
+                "preemption at step %d (%s): saving and exiting with code %d", step, self.reason, EXIT_CODE_PREEMPTED
+            )
         return bool(code)

@@ -56,8 +56,10 @@ def read_dcp_metadata(path: Path) -> Metadata:
         with open(path, "rb") as f:
             md = _MetadataUnpickler(f).load()
     except Exception as e:  # truncated, garbage or hostile: all mean "cannot use this checkpoint"
-        raise CheckpointError(f"checkpoint file {path} is corrupt ({type(e).__name__}: {e}); delete "
-                              f"{path.parent} to resume from an older checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint file {path} is corrupt ({type(e).__name__}: {e}); delete "
+            f"{path.parent} to resume from an older checkpoint"
+        ) from None
     if not isinstance(md, Metadata):
         raise CheckpointError(f"checkpoint file {path} is not DCP metadata (got {type(md).__name__})")
     return md
@@ -82,8 +84,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             obj = torch.load(value, weights_only=True)
         except Exception as e:  # noqa: BLE001 - an UnpicklingError for anything but plain data
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"checkpoint entry {fqn!r} is not plain data, refusing to load it "
-                                  f"({reason})") from None
+            raise CheckpointError(
+                f"checkpoint entry {fqn!r} is not plain data, refusing to load it ({reason})"
+            ) from None
         if self.flatten_state_dict:  # where DefaultLoadPlanner.load_bytes puts it
             set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
@@ -104,7 +107,9 @@ def load_dcp(state: dict, path, *, no_dist: bool = False) -> None:
 def read_dcp_entries(path) -> dict:
     """Every entry of a plain DCP directory (tensors and plain data) as a flat {key: value} dict."""
     metadata = read_dcp_metadata(Path(path) / ".metadata").state_dict_metadata
-    state = {k: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
-             for k, md in metadata.items()}
+    state = {
+        k: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
+        for k, md in metadata.items()
+    }
     load_dcp(state, path, no_dist=True)
     return state

@@ -16,9 +16,13 @@ import random
 
 import torch
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from titanloop.config_errors import ConfigError
 
@@ -63,8 +67,10 @@ def split_state(obj, prefix: str, tensors: dict):
             return {k: split_state(v, f"{prefix}{SEP}{k}", tensors) for k, v in obj.items()}
         for k in obj:
             if not isinstance(k, (str, int, float, bool)) and k is not None:
-                raise ConfigError(f"checkpoint state {prefix!r} has a key {k!r} of type {type(k).__name__}: "
-                                  "keys must be str/int/float/bool")
+                raise ConfigError(
+                    f"checkpoint state {prefix!r} has a key {k!r} of type {type(k).__name__}: "
+                    "keys must be str/int/float/bool"
+                )
         return {"__items__": [[k, split_state(v, f"{prefix}{SEP}{k}", tensors)] for k, v in obj.items()]}
     if isinstance(obj, tuple):
         return {"__tuple__": [split_state(v, f"{prefix}{SEP}{i}", tensors) for i, v in enumerate(obj)]}
@@ -72,8 +78,10 @@ def split_state(obj, prefix: str, tensors: dict):
         return [split_state(v, f"{prefix}{SEP}{i}", tensors) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise ConfigError(f"checkpoint state {prefix!r} holds a {type(obj).__name__}: only tensors, dicts, lists, "
-                      "tuples, numbers, strings and None can be checkpointed")
+    raise ConfigError(
+        f"checkpoint state {prefix!r} holds a {type(obj).__name__}: only tensors, dicts, lists, "
+        "tuples, numbers, strings and None can be checkpointed"
+    )
 
 
 def join_state(skeleton, tensors: dict):
@@ -96,8 +104,11 @@ def tensor_paths(skeleton) -> list[str]:
     if isinstance(skeleton, dict):
         if "__tensor__" in skeleton:
             return [skeleton["__tensor__"]]
-        children = (v for _, v in skeleton["__items__"]) if "__items__" in skeleton else (
-            skeleton["__tuple__"] if "__tuple__" in skeleton else skeleton.values())
+        children = (
+            (v for _, v in skeleton["__items__"])
+            if "__items__" in skeleton
+            else (skeleton["__tuple__"] if "__tuple__" in skeleton else skeleton.values())
+        )
         for v in children:
             out += tensor_paths(v)
     elif isinstance(skeleton, list):
@@ -111,9 +122,11 @@ def rng_state_tensors(rank: int) -> dict[str, torch.Tensor]:
     """This rank's RNG states as tensors keyed `rng/rank<r>/<generator>` (no pickled objects)."""
     p = f"rng{SEP}rank{rank}{SEP}"
     version, mt, gauss = random.getstate()
-    out = {p + "torch_cpu": torch.get_rng_state(),
-           p + "python_mt": torch.tensor(mt, dtype=torch.int64),
-           p + "python_meta": torch.tensor([version, float("nan") if gauss is None else gauss], dtype=torch.float64)}
+    out = {
+        p + "torch_cpu": torch.get_rng_state(),
+        p + "python_mt": torch.tensor(mt, dtype=torch.int64),
+        p + "python_meta": torch.tensor([version, float("nan") if gauss is None else gauss], dtype=torch.float64),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             out[p + f"torch_cuda{i}"] = s
@@ -131,13 +144,14 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], rank: int) -> None:
     p = f"rng{SEP}rank{rank}{SEP}"
     torch.set_rng_state(tensors[p + "torch_cpu"])
     meta = tensors[p + "python_meta"].tolist()
-    random.setstate((int(meta[0]), tuple(tensors[p + "python_mt"].tolist()),
-                     None if meta[1] != meta[1] else meta[1]))
+    random.setstate((int(meta[0]), tuple(tensors[p + "python_mt"].tolist()), None if meta[1] != meta[1] else meta[1]))
     cuda = sorted(k for k in tensors if k.startswith(p + "torch_cuda"))
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
     if p + "numpy_mt" in tensors:
         import numpy as np
+
         pos, has_gauss, cached = tensors[p + "numpy_meta"].tolist()
-        np.random.set_state(("MT19937", tensors[p + "numpy_mt"].numpy().astype("uint32"), int(pos),
-                             int(has_gauss), cached))
+        np.random.set_state(
+            ("MT19937", tensors[p + "numpy_mt"].numpy().astype("uint32"), int(pos), int(has_gauss), cached)
+        )

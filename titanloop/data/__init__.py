@@ -21,8 +21,17 @@ from titanloop.data.synthetic_text import SyntheticTextSource
 from titanloop.data.shards import open_shard_sources
 
 
-def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, global_batch_size: int,
-                     dp_rank: int, dp_world: int, vocab_size: int, batch_schedule=None) -> PackedLoader:
+def build_dataloader(
+    cfg: DataConfig,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    dp_rank: int,
+    dp_world: int,
+    vocab_size: int,
+    batch_schedule=None,
+) -> PackedLoader:
     """The loader for one data-parallel rank; the global sample sequence does not depend on dp_world.
 
     batch_schedule: optional step (0-based) -> global batch in sequences (a batch-size ramp); the trainer
@@ -34,18 +43,34 @@ def build_dataloader(cfg: DataConfig, *, seq_len: int, micro_batch_size: int, gl
         options = dict(cfg.task_options)
         train_size = options.pop("train_size", None)
         task = build_task(cfg.task, seed=cfg.seed, **options)
-        require(task.vocab_size <= vocab_size, "vocab_size", vocab_size,
-                f">= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
+        require(
+            task.vocab_size <= vocab_size,
+            "vocab_size",
+            vocab_size,
+            f">= {task.vocab_size}, the vocabulary of task {cfg.task!r}",
+        )
         if cfg.split == "eval":
-            raise ConfigError("data.split='eval' is for titanloop.data.synthetic_tasks.eval_batches, "
-                              "not the training loader: use split='train'")
+            raise ConfigError(
+                "data.split='eval' is for titanloop.data.synthetic_tasks.eval_batches, "
+                "not the training loader: use split='train'"
+            )
         sources, weights = [TaskSource(task, seq_len, cfg.seed, train_size)], [1.0]
     else:
         sources = open_shard_sources(cfg, seq_len=seq_len, vocab_size=vocab_size)
         weights = [s.weight for s in cfg.sources]
-    return PackedLoader(sources, weights, kind=cfg.kind, seed=cfg.seed, micro_batch_size=micro_batch_size,
-                        global_batch_size=global_batch_size, dp_rank=dp_rank, dp_world=dp_world,
-                        prefetch=cfg.prefetch, batch_schedule=batch_schedule, trace_dir=cfg.trace_samples)
+    return PackedLoader(
+        sources,
+        weights,
+        kind=cfg.kind,
+        seed=cfg.seed,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=global_batch_size,
+        dp_rank=dp_rank,
+        dp_world=dp_world,
+        prefetch=cfg.prefetch,
+        batch_schedule=batch_schedule,
+        trace_dir=cfg.trace_samples,
+    )
 
 
 __all__ = ["DataConfig", "SourceConfig", "build_dataloader", "PackedLoader", "ShardError", "ConfigError"]

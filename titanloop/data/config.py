@@ -29,8 +29,12 @@ class SourceConfig:
     name: str | None = None  # defaults to the manifest's `source`
 
     def __post_init__(self):
-        require(isinstance(self.path, str) and self.path != "", "data.sources[].path", self.path,
-                "a shard directory (local path or s3://, gs:// URL) containing manifest.json")
+        require(
+            isinstance(self.path, str) and self.path != "",
+            "data.sources[].path",
+            self.path,
+            "a shard directory (local path or s3://, gs:// URL) containing manifest.json",
+        )
         require(float(self.weight) > 0, "data.sources[].weight", self.weight, "a positive mixture weight")
 
 
@@ -71,8 +75,12 @@ class DataConfig:
         require(int(self.cache_mb) >= 1, "data.cache_mb", self.cache_mb, "an integer >= 1 (MiB)")
         require(int(self.io_retries) >= 0, "data.io_retries", self.io_retries, "an integer >= 0")
         if self.kind in SHARD_KINDS:
-            require(len(self.sources) >= 1, "data.sources", self.sources,
-                    f"at least one {{path, weight}} shard set for data.kind={self.kind!r}")
+            require(
+                len(self.sources) >= 1,
+                "data.sources",
+                self.sources,
+                f"at least one {{path, weight}} shard set for data.kind={self.kind!r}",
+            )
             names = [s.name for s in self.sources if s.name is not None]
             require(len(names) == len(set(names)), "data.sources[].name", names, "distinct source names")
 

@@ -34,12 +34,17 @@ from titanloop.data.schedule import assign_ranks, lane_quotas, mixture_arrays
 STATE_VERSION = 1
 
 
-def micro_batches_per_rank(global_batch: int, micro_batch_size: int, dp_world: int,
-                           name: str = "training.global_batch_size") -> int:
+def micro_batches_per_rank(
+    global_batch: int, micro_batch_size: int, dp_world: int, name: str = "training.global_batch_size"
+) -> int:
     """Micro-batches each data-parallel rank runs for a global batch of `global_batch` sequences (gradient
     accumulation); the one check that the global batch tiles micro_batch_size * dp (one-line ConfigError)."""
-    require(global_batch >= 1 and global_batch % (micro_batch_size * dp_world) == 0, name, global_batch,
-            f"a multiple of micro_batch_size * dp = {micro_batch_size} * {dp_world}")
+    require(
+        global_batch >= 1 and global_batch % (micro_batch_size * dp_world) == 0,
+        name,
+        global_batch,
+        f"a multiple of micro_batch_size * dp = {micro_batch_size} * {dp_world}",
+    )
     return global_batch // (micro_batch_size * dp_world)
 
 
@@ -65,8 +70,21 @@ _ASSIGNED: dict = {}
 class PackedLoader:
     """Iterator over micro-batches for one data-parallel rank (see the module docstring for the layout)."""
 
-    def __init__(self, sources, weights, *, kind: str, seed: int, micro_batch_size: int, global_batch_size: int,
-                 dp_rank: int, dp_world: int, prefetch: int = 4, batch_schedule=None, trace_dir: str | None = None):
+    def __init__(
+        self,
+        sources,
+        weights,
+        *,
+        kind: str,
+        seed: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        dp_rank: int,
+        dp_world: int,
+        prefetch: int = 4,
+        batch_schedule=None,
+        trace_dir: str | None = None,
+    ):
         require(dp_world >= 1, "dp_world", dp_world, "an integer >= 1")
         require(0 <= dp_rank < dp_world, "dp_rank", dp_rank, f"an integer in [0, {dp_world})")
         require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
@@ -108,26 +126,42 @@ class PackedLoader:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        require(state.get("version") == STATE_VERSION, "dataloader state version", state.get("version"),
-                f"{STATE_VERSION} (written by this titanloop)")
-        require(state.get("kind") == self.kind, "dataloader state kind", state.get("kind"),
-                f"{self.kind!r} (the configured data.kind); resuming on other data needs a fresh run dir")
-        require(state.get("seed") == self.seed, "data.seed", self.seed,
-                f"{state.get('seed')} (the seed the checkpoint was written with)")
+        require(
+            state.get("version") == STATE_VERSION,
+            "dataloader state version",
+            state.get("version"),
+            f"{STATE_VERSION} (written by this titanloop)",
+        )
+        require(
+            state.get("kind") == self.kind,
+            "dataloader state kind",
+            state.get("kind"),
+            f"{self.kind!r} (the configured data.kind); resuming on other data needs a fresh run dir",
+        )
+        require(
+            state.get("seed") == self.seed,
+            "data.seed",
+            self.seed,
+            f"{state.get('seed')} (the seed the checkpoint was written with)",
+        )
         saved = state.get("sources", {})
         names = [s.name for s in self.sources]
         unknown = sorted(set(saved) - set(names))
         if unknown:
-            raise ConfigError(f"dataloader state has source(s) {unknown} that are not configured: "
-                              f"configured sources are {names}; add them back or start a fresh run dir")
+            raise ConfigError(
+                f"dataloader state has source(s) {unknown} that are not configured: "
+                f"configured sources are {names}; add them back or start a fresh run dir"
+            )
         self._shutdown()
         self._counts = [int(saved.get(n, {}).get("samples", 0)) for n in names]
         self._steps = int(state.get("steps", 0))
 
     def stats(self) -> dict:
         """Counters of this rank: rows emitted fully masked because their shard was bad (on_bad_shard=skip)."""
-        return {s.name: {"bad_rows": getattr(s, "bad_rows", 0), "bad_shards": len(getattr(s, "bad_shards", ()))}
-                for s in self.sources}
+        return {
+            s.name: {"bad_rows": getattr(s, "bad_rows", 0), "bad_shards": len(getattr(s, "bad_shards", ()))}
+            for s in self.sources
+        }
 
     # ----- iteration ----------------------------------------------------------------------------
     def __iter__(self):
@@ -144,9 +178,20 @@ class PackedLoader:
         return batch
 
     def _trace(self, batch: dict, step: int, rows: list) -> None:
-        lines = [json.dumps({"step": step, "id": sid, "source": self.sources[j].name, "row": k, "world": self.dp_world,
-                             "tokens": hashlib.sha1(x.numpy().tobytes()).hexdigest()[:16]}) + "\n"
-                 for sid, (j, k), x in zip(batch["sample_ids"].tolist(), rows, batch["input_ids"])]
+        lines = [
+            json.dumps(
+                {
+                    "step": step,
+                    "id": sid,
+                    "source": self.sources[j].name,
+                    "row": k,
+                    "world": self.dp_world,
+                    "tokens": hashlib.sha1(x.numpy().tobytes()).hexdigest()[:16],
+                }
+            )
+            + "\n"
+            for sid, (j, k), x in zip(batch["sample_ids"].tolist(), rows, batch["input_ids"])
+        ]
         with open(self.trace_path, "a") as f:
             f.writelines(lines)
 
@@ -156,8 +201,9 @@ class PackedLoader:
 
     def grad_accum_at(self, step: int) -> int:
         """Micro-batches this rank yields for optimizer step `step` (0-based)."""
-        return micro_batches_per_rank(self.batch_at(step), self.micro_batch_size, self.dp_world,
-                                      f"global batch at step {step}")
+        return micro_batches_per_rank(
+            self.batch_at(step), self.micro_batch_size, self.dp_world, f"global batch at step {step}"
+        )
 
     def rank_samples(self, js: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions in the global batch (sources js, rows ks) that this rank reads, in order, and whether each
@@ -166,8 +212,9 @@ class PackedLoader:
         if self._lane_base is None:
             per_rank = g // self.dp_world
             return np.arange(self.dp_rank * per_rank, (self.dp_rank + 1) * per_rank), np.ones(per_rank, bool)
-        owner, assigned = _assignment(js, ks, self.dp_world, tuple(self._lane_base.tolist()),
-                                      tuple((s.windows, s.lanes) for s in self.sources))
+        owner, assigned = _assignment(
+            js, ks, self.dp_world, tuple(self._lane_base.tolist()), tuple((s.windows, s.lanes) for s in self.sources)
+        )
         mine = np.flatnonzero(assigned == self.dp_rank)
         return mine, owner[mine] == self.dp_rank
 
@@ -181,16 +228,21 @@ class PackedLoader:
             mine, local = self.rank_samples(js, ks)
             mbs = self.micro_batch_size
             for m in range(accum):
-                pos = mine[m * mbs:(m + 1) * mbs]
+                pos = mine[m * mbs : (m + 1) * mbs]
                 if self._lane_base is None:
                     rows = [self.sources[js[p]].row(int(ks[p])) for p in pos]
                 else:
-                    rows = [self.sources[js[p]].row(int(ks[p]), bool(own))
-                            for p, own in zip(pos, local[m * mbs:(m + 1) * mbs])]
+                    rows = [
+                        self.sources[js[p]].row(int(ks[p]), bool(own))
+                        for p, own in zip(pos, local[m * mbs : (m + 1) * mbs])
+                    ]
                 last = m == accum - 1
                 picked = [(int(js[p]), int(ks[p])) for p in pos]
-                yield (rows_to_batch(rows, [start + int(p) for p in pos]), ((list(counts), steps) if last else None),
-                       (steps - 1, picked))
+                yield (
+                    rows_to_batch(rows, [start + int(p) for p in pos]),
+                    ((list(counts), steps) if last else None),
+                    (steps - 1, picked),
+                )
 
     def _start(self):
         produce = self._produce(list(self._counts), self._steps)
@@ -231,8 +283,11 @@ class PackedLoader:
             self._stop.set()
             self._thread.join(timeout=300)  # it stops after the batch it is building (bounded work)
             if self._thread.is_alive():
-                print(f"[titanloop] warning: data prefetch thread {self._thread.name} did not stop within 300 s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[titanloop] warning: data prefetch thread {self._thread.name} did not stop within 300 s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self._thread = None
         self._gen = None
         self._queue = None

@@ -23,8 +23,18 @@ from titanloop.data.loader import PackedLoader
 from titanloop.data.shards import open_shard_sources
 
 
-def read_amplification(cfg: DataConfig, *, seq_len: int, global_batch_size: int, world: int, steps: int,
-                       vocab_size: int, micro_batch_size: int = 1, sources=None, rows_out: dict | None = None) -> dict:
+def read_amplification(
+    cfg: DataConfig,
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    world: int,
+    steps: int,
+    vocab_size: int,
+    micro_batch_size: int = 1,
+    sources=None,
+    rows_out: dict | None = None,
+) -> dict:
     """Run `steps` optimizer steps on `world` simulated ranks; bytes, requests and shuffle statistics.
     `sources`: already opened sources of cfg (reused across calls: each rank clones them). `rows_out`: filled
     with {global sample id: hash of its input tokens}."""
@@ -38,8 +48,17 @@ def read_amplification(cfg: DataConfig, *, seq_len: int, global_batch_size: int,
         srcs = [s.clone() for s in base]
         for s in srcs:
             s.trace = []
-        ld = PackedLoader(srcs, weights, kind=cfg.kind, seed=cfg.seed, micro_batch_size=micro_batch_size,
-                          global_batch_size=global_batch_size, dp_rank=rank, dp_world=world, prefetch=0)
+        ld = PackedLoader(
+            srcs,
+            weights,
+            kind=cfg.kind,
+            seed=cfg.seed,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=global_batch_size,
+            dp_rank=rank,
+            dp_world=world,
+            prefetch=0,
+        )
         marks = []
         for step in range(steps):
             for _ in range(ld.grad_accum_at(step)):
@@ -63,18 +82,27 @@ def read_amplification(cfg: DataConfig, *, seq_len: int, global_batch_size: int,
             shard_of = np.searchsorted(s.token_offsets, offs, side="right") - 1
             lo = 0
             for step, mark in enumerate(marks):
-                step_shards[step].update((j, int(x)) for x in shard_of[lo:mark[j]])
+                step_shards[step].update((j, int(x)) for x in shard_of[lo : mark[j]])
                 lo = mark[j]
         ld.close()
     d = np.concatenate(distances) if distances else np.zeros(1, np.int64)
     corpus = sum(int(s.token_offsets[-1]) for s in base)
     return {
-        "world": world, "steps": steps, "global_batch_size": global_batch_size, "seq_len": seq_len,
-        "rows": rows, "bytes_fetched": fetched, "bytes_used": used, "amplification": fetched / max(used, 1),
-        "requests": requests, "max_rank_bytes_fetched": max_rank_fetched,
-        "cache_evictions": evictions, "max_cache_bytes": max_cache,
+        "world": world,
+        "steps": steps,
+        "global_batch_size": global_batch_size,
+        "seq_len": seq_len,
+        "rows": rows,
+        "bytes_fetched": fetched,
+        "bytes_used": used,
+        "amplification": fetched / max(used, 1),
+        "requests": requests,
+        "max_rank_bytes_fetched": max_rank_fetched,
+        "cache_evictions": evictions,
+        "max_cache_bytes": max_cache,
         "manifest_bytes_per_rank": sum(len(s.manifest.to_json()) for s in base),
-        "shards": sum(len(s.manifest.shards) for s in base), "corpus_tokens": corpus,
+        "shards": sum(len(s.manifest.shards) for s in base),
+        "corpus_tokens": corpus,
         "consecutive_row_distance_tokens_median": float(np.median(d)),
         "consecutive_row_distance_tokens_p90": float(np.percentile(d, 90)),
         "distinct_shards_per_global_batch_mean": float(np.mean([len(x) for x in step_shards])),

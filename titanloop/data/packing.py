@@ -49,9 +49,9 @@ def pack_documents(docs: list[tuple[np.ndarray, int]], length: int, pad_id: int)
     pos = 0
     for i, (doc, n_prompt) in enumerate(docs):
         n = len(doc)
-        tokens[pos:pos + n] = doc
-        doc_ids[pos:pos + n] = i
-        targets[pos + n_prompt:pos + n] = True
+        tokens[pos : pos + n] = doc
+        doc_ids[pos : pos + n] = i
+        targets[pos + n_prompt : pos + n] = True
         pos += n
     assert pos <= length, "documents overflow the row"
     doc_ids[pos:] = len(docs)

@@ -56,7 +56,7 @@ def lane_quotas(weights: list[float], global_batch: int) -> list[int]:
     w = np.asarray(weights, dtype=np.float64)
     exact = w / w.sum() * global_batch
     q = np.floor(exact).astype(np.int64)
-    for j in np.argsort(-(exact - q), kind="stable")[:global_batch - int(q.sum())]:
+    for j in np.argsort(-(exact - q), kind="stable")[: global_batch - int(q.sum())]:
         q[j] += 1
     return [max(1, int(x)) for x in q]
 

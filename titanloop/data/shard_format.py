@@ -100,13 +100,22 @@ class Manifest:
         try:
             d = json.loads(text)
             if d.get("version") != MANIFEST_VERSION:
-                raise ShardError(where, f"manifest version {d.get('version')!r} is not {MANIFEST_VERSION}",
-                                 "re-create the shard set with this titanloop's data_pipelines")
+                raise ShardError(
+                    where,
+                    f"manifest version {d.get('version')!r} is not {MANIFEST_VERSION}",
+                    "re-create the shard set with this titanloop's data_pipelines",
+                )
             if d.get("format") not in FORMATS:
                 raise ShardError(where, f"manifest format {d.get('format')!r} is not one of {FORMATS}")
             shards = [ShardInfo(**s) for s in d["shards"]]
-            return cls(format=d["format"], source=d["source"], tokenizer=d["tokenizer"], dtype=d["dtype"],
-                       shards=shards, inputs=d.get("inputs", []))
+            return cls(
+                format=d["format"],
+                source=d["source"],
+                tokenizer=d["tokenizer"],
+                dtype=d["dtype"],
+                shards=shards,
+                inputs=d.get("inputs", []),
+            )
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ShardError(where, f"manifest is unreadable ({type(e).__name__}: {e})") from None
 
@@ -122,8 +131,9 @@ class ShardWriter:
     out_dir is local (the pipeline stages remote outputs locally and uploads them afterwards).
     """
 
-    def __init__(self, fmt: str, out_dir: str, part: int, dtype: str, fingerprint: str,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+    def __init__(
+        self, fmt: str, out_dir: str, part: int, dtype: str, fingerprint: str, shard_bytes: int = DEFAULT_SHARD_BYTES
+    ):
         if fmt not in FORMATS:
             raise ConfigError(f"format={fmt!r} is invalid: expected one of {FORMATS}")
         self.fmt, self.out_dir, self.part = fmt, out_dir, part
@@ -134,8 +144,7 @@ class ShardWriter:
             from streaming import MDSWriter
 
             self.part_dir = f"part-{part:05d}"
-            self._mds = MDSWriter(out=os.path.join(out_dir, self.part_dir), columns=MDS_COLUMNS,
-                                  size_limit=shard_bytes)
+            self._mds = MDSWriter(out=os.path.join(out_dir, self.part_dir), columns=MDS_COLUMNS, size_limit=shard_bytes)
         else:
             self._tar, self._tar_bytes, self._tar_docs, self._tar_tokens = None, 0, 0, 0
 
@@ -177,8 +186,17 @@ class ShardWriter:
         index = build_index(self.fmt, data, self.dtype.name, rel)
         with open(os.path.join(self.out_dir, rel + INDEX_SUFFIX), "wb") as f:
             f.write(index)
-        return ShardInfo(rel, documents, tokens, len(data), sha1_bytes(data), self.fingerprint,
-                         rel + INDEX_SUFFIX, len(index), sha1_bytes(index))
+        return ShardInfo(
+            rel,
+            documents,
+            tokens,
+            len(data),
+            sha1_bytes(data),
+            self.fingerprint,
+            rel + INDEX_SUFFIX,
+            len(index),
+            sha1_bytes(index),
+        )
 
     def finish(self) -> list[ShardInfo]:
         if self.fmt == "webdataset":
@@ -191,7 +209,7 @@ class ShardWriter:
         for shard in index["shards"]:
             n = shard["samples"]
             rel = f"{self.part_dir}/{shard['raw_data']['basename']}"
-            self.shards.append(self._describe(rel, n, sum(self.doc_tokens[start:start + n])))
+            self.shards.append(self._describe(rel, n, sum(self.doc_tokens[start : start + n])))
             start += n
         return self.shards
 
@@ -225,8 +243,9 @@ def _scan(fmt: str, data: bytes, where: str) -> _Scan:
     except ShardError:
         raise
     except Exception as e:  # malformed bytes surface as many exception types
-        raise ShardError(where, f"cannot be decoded as {fmt} ({type(e).__name__}: {e}); it is corrupt or "
-                                "truncated") from None
+        raise ShardError(
+            where, f"cannot be decoded as {fmt} ({type(e).__name__}: {e}); it is corrupt or truncated"
+        ) from None
 
 
 def decode_shard(fmt: str, data: bytes, dtype: str, where: str) -> ShardData:
@@ -235,7 +254,7 @@ def decode_shard(fmt: str, data: bytes, dtype: str, where: str) -> ShardData:
     width = np.dtype(dtype).itemsize
     if any(n % width for n in sc.payload_len):
         raise ShardError(where, f"a document's token bytes are not a multiple of {dtype}; corrupt shard")
-    tokens = np.frombuffer(b"".join(data[o:o + n] for o, n in zip(sc.payload_off, sc.payload_len)), dtype=dtype)
+    tokens = np.frombuffer(b"".join(data[o : o + n] for o, n in zip(sc.payload_off, sc.payload_len)), dtype=dtype)
     lengths = np.asarray(sc.payload_len, dtype=np.int64) // width
     doc_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return ShardData(tokens, doc_starts, np.asarray(sc.prompt_lens, dtype=np.int64), sc.ids)
@@ -255,10 +274,14 @@ def build_index(fmt: str, data: bytes, dtype: str, where: str) -> bytes:
     if len(data) >= 1 << 32:
         raise ShardError(where, "is 4 GiB or larger", "write smaller shards (--shard-bytes)")
     lengths = np.asarray(sc.payload_len, dtype=np.int64) // width
-    crc = [zlib.crc32(data[o:o + n]) for o, n in zip(sc.payload_off, sc.payload_len)]
+    crc = [zlib.crc32(data[o : o + n]) for o, n in zip(sc.payload_off, sc.payload_len)]
     records = np.stack([sc.record_start, sc.payload_off, sc.prompt_lens, crc], axis=1) if crc else np.zeros((0, 4))
-    return (INDEX_MAGIC + np.asarray([len(crc), sc.size_field_rel], "<u4").tobytes()
-            + np.concatenate([[0], np.cumsum(lengths)]).astype("<u4").tobytes() + records.astype("<u4").tobytes())
+    return (
+        INDEX_MAGIC
+        + np.asarray([len(crc), sc.size_field_rel], "<u4").tobytes()
+        + np.concatenate([[0], np.cumsum(lengths)]).astype("<u4").tobytes()
+        + records.astype("<u4").tobytes()
+    )
 
 
 @dataclass
@@ -278,7 +301,7 @@ class ShardIndex:
         if data[:4] != INDEX_MAGIC or len(data) < INDEX_HEADER:
             raise ShardError(where, "is not a titanloop shard index", "re-create the shard set")
         n, rel = np.frombuffer(data[4:INDEX_HEADER], "<u4").tolist()
-        head = data[INDEX_HEADER:INDEX_HEADER + 4 * (n + 1)]
+        head = data[INDEX_HEADER : INDEX_HEADER + 4 * (n + 1)]
         if len(head) != 4 * (n + 1):
             raise ShardError(where, f"ends inside its token table ({len(data)} bytes for {n} documents)")
         starts = np.frombuffer(head, "<u4").astype(np.int64)
@@ -311,11 +334,11 @@ def _mds_decode(encoding: str, raw: bytes):
 
 def _scan_mds(data: bytes) -> _Scan:
     n = int(np.frombuffer(data[:4], np.uint32)[0])
-    offsets = np.frombuffer(data[4:8 + 4 * n], np.uint32).astype(np.int64)
+    offsets = np.frombuffer(data[4 : 8 + 4 * n], np.uint32).astype(np.int64)
     if len(offsets) != n + 1 or offsets[-1] != len(data):
         raise ValueError(f"offset table says {offsets[-1] if len(offsets) else '?'} bytes, file has {len(data)}")
     config_end = int(offsets[0])
-    config = json.loads(data[8 + 4 * n:config_end])
+    config = json.loads(data[8 + 4 * n : config_end])
     names, encodings, sizes = config["column_names"], config["column_encodings"], config["column_sizes"]
     if dict(zip(names, encodings)).get("tokens") != "bytes":
         raise ValueError(f"columns {dict(zip(names, encodings))} have no `tokens: bytes` column")
@@ -323,7 +346,7 @@ def _scan_mds(data: bytes) -> _Scan:
     sc = _Scan(size_field_rel=4 * var_names.index("tokens"))
     for i in range(n):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
-        var_sizes = iter(np.frombuffer(data[lo:lo + 4 * len(var_names)], np.uint32).tolist())
+        var_sizes = iter(np.frombuffer(data[lo : lo + 4 * len(var_names)], np.uint32).tolist())
         pos = lo + 4 * len(var_names)
         sample = {}
         for name, enc, size in zip(names, encodings, sizes):
@@ -332,7 +355,7 @@ def _scan_mds(data: bytes) -> _Scan:
                 sc.payload_off.append(pos)
                 sc.payload_len.append(size)
             elif name in ("id", "prompt_len"):
-                sample[name] = _mds_decode(enc, data[pos:pos + size])
+                sample[name] = _mds_decode(enc, data[pos : pos + size])
             pos += size
         if pos != hi:
             raise ValueError(f"sample {i} spans {pos - lo} bytes, its offsets say {hi - lo}")
@@ -372,6 +395,6 @@ def _scan_tar(data: bytes) -> _Scan:
             if ext == "tokens":  # its ustar header (with the size field) is the 512 bytes before the data
                 sample["tokens"] = (member.offset_data, member.size)
             elif ext == "json":
-                sample["json"] = data[member.offset_data:member.offset_data + member.size]
+                sample["json"] = data[member.offset_data : member.offset_data + member.size]
     finish()
     return sc

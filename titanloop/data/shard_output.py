@@ -23,8 +23,9 @@ class OutputDir:
         else:
             self.local = out.removeprefix("file://")
             if os.path.isdir(self.local) and os.listdir(self.local):
-                raise SystemExit(f"error: --out {out} is not empty; choose a new directory (existing shards are "
-                                 "never overwritten)")
+                raise SystemExit(
+                    f"error: --out {out} is not empty; choose a new directory (existing shards are never overwritten)"
+                )
             os.makedirs(self.local, exist_ok=True)
 
     def publish(self, manifest: Manifest) -> None:
@@ -63,8 +64,15 @@ class OutputDir:
         shutil.rmtree(self.local, ignore_errors=True)
 
 
-def write_shard_set(out: str, fmt: str, source: str, documents, tokenizer: dict,
-                    shard_bytes: int = DEFAULT_SHARD_BYTES, inputs: list[str] | None = None) -> Manifest:
+def write_shard_set(
+    out: str,
+    fmt: str,
+    source: str,
+    documents,
+    tokenizer: dict,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    inputs: list[str] | None = None,
+) -> Manifest:
     """Write an iterable of (tokens, id, prompt_len, meta) documents as one shard set (single part).
 
     Used for generated data (synthetic tasks, benchmarks, tests); corpora go through data_pipelines.tokenize.
@@ -74,7 +82,8 @@ def write_shard_set(out: str, fmt: str, source: str, documents, tokenizer: dict,
     writer = ShardWriter(fmt, target.local, 0, dtype, tokenizer["fingerprint"], shard_bytes)
     for tokens, doc_id, prompt_len, meta in documents:
         writer.write(tokens, doc_id, prompt_len, meta)
-    manifest = Manifest(format=fmt, source=source, tokenizer=dict(tokenizer), dtype=dtype,
-                        shards=writer.finish(), inputs=inputs or [])
+    manifest = Manifest(
+        format=fmt, source=source, tokenizer=dict(tokenizer), dtype=dtype, shards=writer.finish(), inputs=inputs or []
+    )
     target.publish(manifest)
     return manifest

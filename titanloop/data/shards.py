@@ -47,10 +47,27 @@ from titanloop.data.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
-S3_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                      "ServiceUnavailable", "503", "500", "502", "504"}
-S3_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403",
-                   "InvalidToken", "AllAccessDisabled"}
+S3_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "502",
+    "504",
+}
+S3_ACCESS_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "403",
+    "InvalidToken",
+    "AllAccessDisabled",
+}
 
 
 def is_remote(path: str) -> bool:
@@ -89,7 +106,8 @@ class ShardFetcher:
             endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None
             retries = {"total_max_attempts": 1, "mode": "standard"}  # retried here, with our backoff and errors
             self._client = boto3.session.Session().client(  # own session: credentials read now, not cached
-                "s3", endpoint_url=endpoint, config=Config(retries=retries, connect_timeout=10, read_timeout=60))
+                "s3", endpoint_url=endpoint, config=Config(retries=retries, connect_timeout=10, read_timeout=60)
+            )
         return self._client
 
     def _s3_get(self, rel: str, start: int | None, stop: int | None) -> bytes:
@@ -106,19 +124,26 @@ class ShardFetcher:
                 self.bytes_fetched += len(body)
                 return body
             except NoCredentialsError:
-                raise ShardError(where, "no AWS credentials found", "set AWS_ACCESS_KEY_ID and "
-                                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)") from None
+                raise ShardError(
+                    where,
+                    "no AWS credentials found",
+                    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)",
+                ) from None
             except ClientError as e:
                 code = str(e.response.get("Error", {}).get("Code", ""))
                 status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
                 if code == "NoSuchBucket":
-                    raise ShardError(where, f"bucket {bucket!r} does not exist",
-                                     "check data.sources[].path and the S3 endpoint") from None
+                    raise ShardError(
+                        where, f"bucket {bucket!r} does not exist", "check data.sources[].path and the S3 endpoint"
+                    ) from None
                 if code in ("NoSuchKey", "404"):
                     raise ShardError(where, "missing", "restore it or re-create the shard set") from None
                 if code in S3_ACCESS_CODES:
-                    raise ShardError(where, f"access refused ({code})", "check the AWS credentials "
-                                     "(AWS_ACCESS_KEY_ID / AWS_PROFILE) and the bucket policy") from None
+                    raise ShardError(
+                        where,
+                        f"access refused ({code})",
+                        "check the AWS credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE) and the bucket policy",
+                    ) from None
                 if not (code in S3_TRANSIENT_CODES or status >= 500):
                     raise ShardError(where, f"S3 error {code} (HTTP {status})", "check the URL") from None
                 problem = f"{code} (HTTP {status})"
@@ -126,9 +151,12 @@ class ShardFetcher:
                 problem = f"{type(e).__name__}: {e}"
             if attempt < self.retries:
                 self.retried += 1
-                time.sleep(self.backoff * 2 ** attempt * (0.5 + random.random()))
-        raise ShardError(where, f"still failing after {self.retries + 1} attempts ({problem})",
-                         "check the S3 endpoint and network, or raise data.io_retries")
+                time.sleep(self.backoff * 2**attempt * (0.5 + random.random()))
+        raise ShardError(
+            where,
+            f"still failing after {self.retries + 1} attempts ({problem})",
+            "check the S3 endpoint and network, or raise data.io_retries",
+        )
 
     # ----- generic ------------------------------------------------------------------------------
     def _local_path(self, rel: str) -> str:
@@ -141,8 +169,9 @@ class ShardFetcher:
             try:
                 CloudDownloader.direct_download(self.location(rel), local)
             except Exception as e:
-                raise ShardError(self.location(rel), f"download failed ({type(e).__name__}: {e})",
-                                 "check the URL and credentials") from None
+                raise ShardError(
+                    self.location(rel), f"download failed ({type(e).__name__}: {e})", "check the URL and credentials"
+                ) from None
             self.requests += 1
             self.bytes_fetched += os.path.getsize(local)
         return local
@@ -178,8 +207,11 @@ def read_manifest(root: str, cache_dir: str | None = None, retries: int = 5) -> 
     except ShardError as e:
         if "missing" not in str(e):
             raise
-        raise ShardError(where, "missing", "point data.sources[].path at a directory written by "
-                                              "data_pipelines (it holds manifest.json)") from None
+        raise ShardError(
+            where,
+            "missing",
+            "point data.sources[].path at a directory written by data_pipelines (it holds manifest.json)",
+        ) from None
     return Manifest.from_json(text, where)
 
 
@@ -210,8 +242,9 @@ class _Cache:
 class ShardSource:
     """Packed rows of one shard set (see the module docstring)."""
 
-    def __init__(self, src: SourceConfig, cfg: DataConfig, seq_len: int, vocab_size: int,
-                 expected_fingerprint: str | None):
+    def __init__(
+        self, src: SourceConfig, cfg: DataConfig, seq_len: int, vocab_size: int, expected_fingerprint: str | None
+    ):
         self.fetcher = ShardFetcher(src.path, cfg.cache_dir, cfg.io_retries)
         self.manifest = m = read_manifest(src.path, cfg.cache_dir, cfg.io_retries)
         self.name = src.name or m.source
@@ -219,35 +252,57 @@ class ShardSource:
         self.block = int(cfg.shuffle_block)
         self.on_bad_shard, self.verify = cfg.on_bad_shard, cfg.verify_checksums
         if cfg.kind != "shards":
-            require(m.format == cfg.kind, "data.kind", cfg.kind,
-                    f"{m.format!r} (or 'shards'): the shard set {src.path} is in {m.format} format")
+            require(
+                m.format == cfg.kind,
+                "data.kind",
+                cfg.kind,
+                f"{m.format!r} (or 'shards'): the shard set {src.path} is in {m.format} format",
+            )
         fp = m.tokenizer.get("fingerprint")
         if expected_fingerprint is not None and fp != expected_fingerprint:
-            raise ShardError(self.fetcher.location(MANIFEST), f"was written with tokenizer {fp}, "
-                             f"data.tokenizer={cfg.tokenizer} is {expected_fingerprint}",
-                             "re-tokenize the source or configure the tokenizer it was written with")
-        require(int(m.tokenizer.get("vocab_size", 0)) <= vocab_size, "vocab_size", vocab_size,
-                f">= {m.tokenizer.get('vocab_size')}, the vocabulary of shard set {src.path}")
+            raise ShardError(
+                self.fetcher.location(MANIFEST),
+                f"was written with tokenizer {fp}, data.tokenizer={cfg.tokenizer} is {expected_fingerprint}",
+                "re-tokenize the source or configure the tokenizer it was written with",
+            )
+        require(
+            int(m.tokenizer.get("vocab_size", 0)) <= vocab_size,
+            "vocab_size",
+            vocab_size,
+            f">= {m.tokenizer.get('vocab_size')}, the vocabulary of shard set {src.path}",
+        )
         self.bad_shards: set[int] = set()
         self.bad_rows = 0
         for i, shard in enumerate(m.shards):
             if shard.tokenizer != fp:
-                self._bad(i, f"was written with tokenizer {shard.tokenizer}, its manifest says {fp}",
-                          "remove it from the manifest or re-tokenize it")
+                self._bad(
+                    i,
+                    f"was written with tokenizer {shard.tokenizer}, its manifest says {fp}",
+                    "remove it from the manifest or re-tokenize it",
+                )
             elif not self.fetcher.remote:
                 for rel, size in ((shard.path, shard.bytes), (shard.index, shard.index_bytes)):
                     path = os.path.join(self.fetcher.root, rel) if rel else None
                     if path and not os.path.isfile(path):
-                        self._bad(i, f"{'index ' if rel == shard.index else ''}missing",
-                                  "restore it or re-create the shard set")
+                        self._bad(
+                            i,
+                            f"{'index ' if rel == shard.index else ''}missing",
+                            "restore it or re-create the shard set",
+                        )
                     elif path and os.path.getsize(path) != size:
-                        self._bad(i, f"{rel} has {os.path.getsize(path)} bytes, the manifest says {size}: "
-                                     "truncated or corrupt")
+                        self._bad(
+                            i,
+                            f"{rel} has {os.path.getsize(path)} bytes, the manifest says {size}: truncated or corrupt",
+                        )
         self.shard_tokens = np.array([s.tokens for s in m.shards], dtype=np.int64)
         self.token_offsets = np.concatenate([[0], np.cumsum(self.shard_tokens)]).astype(np.int64)  # corpus order
         self.windows = (int(self.token_offsets[-1]) - 1) // seq_len
-        require(self.windows >= 1, "seq_len", seq_len,
-                f"< {int(self.token_offsets[-1])} tokens, the size of shard set {src.path}")
+        require(
+            self.windows >= 1,
+            "seq_len",
+            seq_len,
+            f"< {int(self.token_offsets[-1])} tokens, the size of shard set {src.path}",
+        )
         self.vocab_size = vocab_size
         self.itemsize = np.dtype(m.dtype).itemsize
         # shard bytes per token (records, metadata and headers included): what reading the set once costs per token
@@ -339,7 +394,7 @@ class ShardSource:
             n = L + 1
             return PackedRow(np.full(n, self.eos_id, np.int64), np.zeros(n, np.int64), np.zeros(n, bool))
         a = w * L - lo
-        tokens, doc_ids, targets = (x[a:a + L + 1] for x in part)
+        tokens, doc_ids, targets = (x[a : a + L + 1] for x in part)
         return PackedRow(tokens.astype(np.int64), doc_ids.astype(np.int64), targets)
 
     def _read_stream(self, epoch: int, lo: int, hi: int):
@@ -371,8 +426,11 @@ class ShardSource:
             where = self.fetcher.location(info.index)
             idx = ShardIndex.parse_head(self.fetcher.read_range(info.index, 0, 12 + 4 * (info.documents + 1)), where)
             if len(idx.token_start) - 1 != info.documents or int(idx.token_start[-1]) != info.tokens:
-                raise ShardError(where, f"describes {len(idx.token_start) - 1} documents / {int(idx.token_start[-1])} "
-                                        f"tokens, the manifest says {info.documents} / {info.tokens}")
+                raise ShardError(
+                    where,
+                    f"describes {len(idx.token_start) - 1} documents / {int(idx.token_start[-1])} "
+                    f"tokens, the manifest says {info.documents} / {info.tokens}",
+                )
             self._cache.put(key, idx, idx.token_start.nbytes)
         return idx
 
@@ -390,7 +448,7 @@ class ShardSource:
                 raise ShardError(where, "sha1 differs from the manifest: corrupt or replaced")
             raw = build_index(self.manifest.format, data, self.manifest.dtype, where)
             idx = ShardIndex.parse_head(raw, where)
-            got = self._cache.put(key, (idx, ShardIndex.parse_records(raw[idx.head_bytes:]), data), len(data))
+            got = self._cache.put(key, (idx, ShardIndex.parse_records(raw[idx.head_bytes :]), data), len(data))
         return got
 
     def _read_piece(self, s: int, a: int, z: int):
@@ -405,8 +463,11 @@ class ShardSource:
                 idx, records, data = self._whole(s)
             ts, w = idx.token_start, self.itemsize
             if len(ts) - 1 != info.documents or int(ts[-1]) != info.tokens:
-                raise ShardError(where, f"holds {len(ts) - 1} documents / {int(ts[-1])} tokens, the manifest says "
-                                        f"{info.documents} / {info.tokens}")
+                raise ShardError(
+                    where,
+                    f"holds {len(ts) - 1} documents / {int(ts[-1])} tokens, the manifest says "
+                    f"{info.documents} / {info.tokens}",
+                )
             i0 = int(np.searchsorted(ts, a, side="right")) - 1
             i1 = int(np.searchsorted(ts, z - 1, side="right")) - 1
             if data is None:
@@ -415,13 +476,15 @@ class ShardSource:
                 if len(rec) != i1 - i0 + 1:
                     raise ShardError(self.fetcher.location(info.index), "is truncated (records missing)")
             else:
-                rec = records[i0:i1 + 1]
+                rec = records[i0 : i1 + 1]
             record_start, payload_off, prompt_len, crc = (rec[:, c] for c in range(4))
             lo = int(record_start[0]) if ts[i0] == a else int(payload_off[0]) + w * (a - int(ts[i0]))
             hi = int(payload_off[-1]) + w * (z - int(ts[i1]))
             if not 0 <= lo <= hi <= info.bytes:
-                raise ShardError(self.fetcher.location(info.index), f"points at bytes [{lo}, {hi}) outside the "
-                                 f"{info.bytes}-byte shard: corrupt")
+                raise ShardError(
+                    self.fetcher.location(info.index),
+                    f"points at bytes [{lo}, {hi}) outside the {info.bytes}-byte shard: corrupt",
+                )
             if data is None:
                 data, base = self.fetcher.read_range(info.path, lo, hi), lo
                 if len(data) != hi - lo:
@@ -430,10 +493,20 @@ class ShardSource:
             for n, d in enumerate(range(i0, i1 + 1)):
                 d_lo, d_hi = max(a, int(ts[d])), min(z, int(ts[d + 1]))
                 p = int(payload_off[n]) + w * (d_lo - int(ts[d])) - base
-                chunks.append(data[p:p + w * (d_hi - d_lo)])
+                chunks.append(data[p : p + w * (d_hi - d_lo)])
                 if ts[d] >= a and ts[d + 1] <= z and record_start[n] >= lo:  # whole record in this read
-                    self._check_record(int(record_start[n]), int(payload_off[n]), int(crc[n]), idx.size_field_rel,
-                                       data, base, w * int(ts[d + 1] - ts[d]), chunks[-1], where, d)
+                    self._check_record(
+                        int(record_start[n]),
+                        int(payload_off[n]),
+                        int(crc[n]),
+                        idx.size_field_rel,
+                        data,
+                        base,
+                        w * int(ts[d + 1] - ts[d]),
+                        chunks[-1],
+                        where,
+                        d,
+                    )
             tokens = np.frombuffer(b"".join(chunks), dtype=self.manifest.dtype)
             if len(tokens) and int(tokens.max()) >= self.vocab_size:
                 raise ShardError(where, f"has token id {int(tokens.max())} >= vocab_size={self.vocab_size}")
@@ -450,16 +523,17 @@ class ShardSource:
     def _check_record(self, record_start, payload_off, crc, size_field_rel, data, base, nbytes, payload, where, d):
         if self.manifest.format == "mds":
             f = record_start + size_field_rel - base
-            stored = int.from_bytes(data[f:f + 4], "little")
+            stored = int.from_bytes(data[f : f + 4], "little")
         else:
             f = payload_off - 512 + size_field_rel - base
             try:
-                stored = int(data[f:f + 12].rstrip(b"\0 ").decode() or "-1", 8)
+                stored = int(data[f : f + 12].rstrip(b"\0 ").decode() or "-1", 8)
             except ValueError:
                 stored = -1
         if stored != nbytes:
-            raise ShardError(where, f"document {d}'s record says {stored} token bytes, the index says {nbytes}: "
-                                    "corrupt or truncated")
+            raise ShardError(
+                where, f"document {d}'s record says {stored} token bytes, the index says {nbytes}: corrupt or truncated"
+            )
         if self.verify and zlib.crc32(payload) != crc:
             raise ShardError(where, f"document {d}'s tokens fail their crc32: corrupt or replaced")
 
@@ -469,8 +543,10 @@ def open_shard_sources(cfg: DataConfig, *, seq_len: int, vocab_size: int) -> lis
     sources = [ShardSource(s, cfg, seq_len, vocab_size, expected) for s in cfg.sources]
     fps = {s.manifest.tokenizer.get("fingerprint") for s in sources}
     if len(fps) > 1:
-        raise ConfigError(f"data.sources were written with different tokenizers {sorted(fps)}: re-tokenize "
-                          "them with one tokenizer (set data.tokenizer to check which)")
+        raise ConfigError(
+            f"data.sources were written with different tokenizers {sorted(fps)}: re-tokenize "
+            "them with one tokenizer (set data.tokenizer to check which)"
+        )
     names = [s.name for s in sources]
     if len(names) != len(set(names)):
         raise ConfigError(f"data.sources have duplicate names {names}: set data.sources[].name to tell them apart")

@@ -71,8 +71,9 @@ class Task:
         raise NotImplementedError
 
     def in_eval(self, prompt: list[int]) -> bool:
-        digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int32).tobytes(), digest_size=8,
-                                 key=b"titanloop-heldout").digest()
+        digest = hashlib.blake2b(
+            np.asarray(prompt, dtype=np.int32).tobytes(), digest_size=8, key=b"titanloop-heldout"
+        ).digest()
         return int.from_bytes(digest, "little") % _BUCKETS < self.eval_fraction * _BUCKETS
 
     def example(self, rng: np.random.Generator, split: str) -> tuple[list[int], list[int]]:
@@ -133,7 +134,7 @@ class AdditionTask(Task):
         super().__init__([str(d) for d in range(10)] + ["+", "="], seed)
 
     def generate(self, rng, split):
-        lo, hi = 10 ** (self.n_digits - 1) if self.n_digits > 1 else 0, 10 ** self.n_digits
+        lo, hi = 10 ** (self.n_digits - 1) if self.n_digits > 1 else 0, 10**self.n_digits
         a, b = int(rng.integers(lo, hi)), int(rng.integers(lo, hi))
         return self.encode(["<bos>", *str(a), "+", *str(b), "="]), self.encode(list(str(a + b)))
 
@@ -162,15 +163,30 @@ class XorTask(Task):
 class ChainTask(Task):
     name = "chain"
 
-    def __init__(self, seed: int, n_vars: int = 12, n_values: int = 10, n_chains: int = 3, hops: int = 4,
-                 eval_hops: int | None = None):
+    def __init__(
+        self,
+        seed: int,
+        n_vars: int = 12,
+        n_values: int = 10,
+        n_chains: int = 3,
+        hops: int = 4,
+        eval_hops: int | None = None,
+    ):
         self.n_vars, self.n_values, self.n_chains, self.hops = n_vars, n_values, n_chains, hops
         self.eval_hops = eval_hops or hops
         require(hops >= 1, "data.task_options.hops", hops, "an integer >= 1")
-        require(2 <= n_chains <= n_values, "data.task_options.n_chains", n_chains,
-                f"an integer in [2, n_values={n_values}] (each chain ends in a distinct value)")
-        require(n_vars >= n_chains * max(hops, self.eval_hops), "data.task_options.n_vars", n_vars,
-                f">= n_chains * max(hops, eval_hops) = {n_chains * max(hops, self.eval_hops)} (distinct variables)")
+        require(
+            2 <= n_chains <= n_values,
+            "data.task_options.n_chains",
+            n_chains,
+            f"an integer in [2, n_values={n_values}] (each chain ends in a distinct value)",
+        )
+        require(
+            n_vars >= n_chains * max(hops, self.eval_hops),
+            "data.task_options.n_vars",
+            n_vars,
+            f">= n_chains * max(hops, eval_hops) = {n_chains * max(hops, self.eval_hops)} (distinct variables)",
+        )
         self.vars = [f"v{i}" for i in range(n_vars)]
         self.values = [f"{i}" for i in range(n_values)]
         edges = [f"{a}<{b}" for a in self.vars for b in self.vars + self.values]
@@ -180,7 +196,7 @@ class ChainTask(Task):
         depth = self.eval_hops if split == "eval" else int(rng.integers(1, self.hops + 1))
         lengths = [depth] + [int(rng.integers(1, self.hops + 1)) for _ in range(self.n_chains - 1)]
         names = iter(rng.permutation(self.n_vars).tolist())
-        roots = rng.permutation(self.n_values)[:self.n_chains].tolist()
+        roots = rng.permutation(self.n_values)[: self.n_chains].tolist()
         statements = []
         for c, (root, length) in enumerate(zip(roots, lengths)):
             target = self.values[root]
@@ -204,8 +220,16 @@ class MultiHopTask(Task):
     name = "multihop"
     HOPS = 3
 
-    def __init__(self, seed: int, n_layers: int = 5, layer_size: int = 100, n_relations: int = 20,
-                 fact_fraction: float = 0.5, n_eval: int = 3000, world_seed: int = 1234):
+    def __init__(
+        self,
+        seed: int,
+        n_layers: int = 5,
+        layer_size: int = 100,
+        n_relations: int = 20,
+        fact_fraction: float = 0.5,
+        n_eval: int = 3000,
+        world_seed: int = 1234,
+    ):
         require(n_layers > self.HOPS, "data.task_options.n_layers", n_layers, f"an integer > {self.HOPS}")
         require(0.0 <= fact_fraction < 1.0, "data.task_options.fact_fraction", fact_fraction, "a float in [0, 1)")
         self.n_layers, self.layer_size, self.n_relations = n_layers, layer_size, n_relations
@@ -215,11 +239,16 @@ class MultiHopTask(Task):
         super().__init__(["who", "is", "the", "of", "?", "answer", ":", "."] + self.relations + self.people, seed)
         world = np.random.default_rng(world_seed)
         # edges[layer, person_in_layer, relation] -> person index in the next layer (global index)
-        self.edges = ((np.arange(1, n_layers)[:, None, None] * layer_size)
-                      + world.integers(0, layer_size, size=(n_layers - 1, layer_size, n_relations)))
-        self.n_questions = layer_size * n_relations ** self.HOPS
-        require(1 <= n_eval <= self.n_questions // 2, "data.task_options.n_eval", n_eval,
-                f"an integer in [1, {self.n_questions // 2}]")
+        self.edges = (np.arange(1, n_layers)[:, None, None] * layer_size) + world.integers(
+            0, layer_size, size=(n_layers - 1, layer_size, n_relations)
+        )
+        self.n_questions = layer_size * n_relations**self.HOPS
+        require(
+            1 <= n_eval <= self.n_questions // 2,
+            "data.task_options.n_eval",
+            n_eval,
+            f"an integer in [1, {self.n_questions // 2}]",
+        )
         # the held-out questions: exactly n_eval of them (ouro B.3 leaves out 3,000), chosen by hash
         self._eval_ids = np.sort(np.argsort(self._hash(np.arange(self.n_questions)), kind="stable")[:n_eval])
         self._eval_set = set(self._eval_ids.tolist())
@@ -291,8 +320,15 @@ class ComposeTask(Task):
 
     name = "compose"
 
-    def __init__(self, seed: int, n_entities: int = 32, n_relations: int = 8, hops: int = 4,
-                 eval_hops: int | None = None, world_seed: int = 1234):
+    def __init__(
+        self,
+        seed: int,
+        n_entities: int = 32,
+        n_relations: int = 8,
+        hops: int = 4,
+        eval_hops: int | None = None,
+        world_seed: int = 1234,
+    ):
         require(n_entities >= 2, "data.task_options.n_entities", n_entities, "an integer >= 2")
         require(n_relations >= 1, "data.task_options.n_relations", n_relations, "an integer >= 1")
         require(hops >= 1, "data.task_options.hops", hops, "an integer >= 1")
@@ -321,8 +357,14 @@ class ComposeTask(Task):
         return 3 + max(self.hops, self.eval_hops) + 1 + 1
 
 
-TASKS = {"mano": ManoTask, "addition": AdditionTask, "xor": XorTask, "chain": ChainTask, "multihop": MultiHopTask,
-         "compose": ComposeTask}
+TASKS = {
+    "mano": ManoTask,
+    "addition": AdditionTask,
+    "xor": XorTask,
+    "chain": ChainTask,
+    "multihop": MultiHopTask,
+    "compose": ComposeTask,
+}
 
 
 def build_task(name: str, seed: int = 0, **options) -> Task:
@@ -345,8 +387,12 @@ class TaskSource:
     """
 
     def __init__(self, task: Task, seq_len: int, seed: int, train_size: int | None = None):
-        require(task.max_example_len() <= seq_len + 1, "seq_len", seq_len,
-                f">= {task.max_example_len() - 1} to fit one {task.name} example")
+        require(
+            task.max_example_len() <= seq_len + 1,
+            "seq_len",
+            seq_len,
+            f">= {task.max_example_len() - 1} to fit one {task.name} example",
+        )
         self.task, self.seq_len, self.seed, self.train_size = task, seq_len, seed, train_size
         self.name = f"task:{task.name}"
 
@@ -392,14 +438,14 @@ def eval_batches(task: Task, n: int, batch_size: int, seed: int = 0):
     """
     examples = eval_examples(task, n, seed)
     for i in range(0, len(examples), batch_size):
-        chunk = examples[i:i + batch_size]
+        chunk = examples[i : i + batch_size]
         width = max(len(p) + len(a) for p, a in chunk)
         inputs = torch.full((len(chunk), width), PAD, dtype=torch.long)
         labels = torch.full((len(chunk), width), IGNORE_INDEX, dtype=torch.long)
         for r, (p, a) in enumerate(chunk):
             seq = p + a
-            inputs[r, :len(seq) - 1] = torch.tensor(seq[:-1])
-            labels[r, len(p) - 1:len(seq) - 1] = torch.tensor(a)  # position t predicts token t+1
+            inputs[r, : len(seq) - 1] = torch.tensor(seq[:-1])
+            labels[r, len(p) - 1 : len(seq) - 1] = torch.tensor(a)  # position t predicts token t+1
         yield {"input_ids": inputs, "labels": labels, "doc_ids": torch.zeros_like(inputs)}
 
 
@@ -414,5 +460,6 @@ def answer_accuracy(predictions: torch.Tensor, labels: torch.Tensor, doc_ids: to
     wrong = (predictions != labels)[mask]
     groups, inverse = torch.unique(key, return_inverse=True)
     any_wrong = torch.zeros(len(groups), dtype=torch.bool, device=labels.device).scatter_reduce(
-        0, inverse, wrong, reduce="amax")
+        0, inverse, wrong, reduce="amax"
+    )
     return int((~any_wrong).sum()), int(len(groups))

@@ -37,8 +37,8 @@ class SyntheticTextSource:
             motif = rng.integers(1, self.vocab_size, size=int(rng.integers(2, 9)))
             n = int(rng.integers(2 * len(motif), self.max_doc_len + 1))
             body = np.append(np.resize(motif, n), EOS_ID)[: length - pos]
-            tokens[pos:pos + len(body)] = body
-            doc_ids[pos:pos + len(body)] = doc
+            tokens[pos : pos + len(body)] = body
+            doc_ids[pos : pos + len(body)] = doc
             pos += len(body)
             doc += 1
         return PackedRow(tokens, doc_ids, np.ones(length, dtype=bool))

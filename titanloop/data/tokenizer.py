@@ -42,13 +42,19 @@ def find_eos_id(tokenizer, eos_token: str | None = None) -> int:
         i = tokenizer.token_to_id(name)
         if i is not None:
             return int(i)
-    raise ConfigError(f"eos_token={eos_token!r} is invalid: expected a token of the tokenizer's vocabulary "
-                      f"(none of {list(names)} is in it); pass --eos-token")
+    raise ConfigError(
+        f"eos_token={eos_token!r} is invalid: expected a token of the tokenizer's vocabulary "
+        f"(none of {list(names)} is in it); pass --eos-token"
+    )
 
 
 def tokenizer_record(path: str, eos_token: str | None = None) -> dict:
     """What a shard manifest records about its tokenizer: fingerprint, vocab_size, eos_id, absolute path."""
     fingerprint = tokenizer_fingerprint(path)
     tokenizer = load_tokenizer(path)
-    return {"fingerprint": fingerprint, "vocab_size": tokenizer.get_vocab_size(),
-            "eos_id": find_eos_id(tokenizer, eos_token), "path": os.path.abspath(path)}
+    return {
+        "fingerprint": fingerprint,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "eos_id": find_eos_id(tokenizer, eos_token),
+        "path": os.path.abspath(path),
+    }

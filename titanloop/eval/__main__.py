@@ -1,8 +1,8 @@
 """Command line: `python -m titanloop.eval {sweep,generate} --help`.
 
-    python -m titanloop.eval sweep CKPT --data task:mano --out out/eval          # report.json + plots
-    python -m titanloop.eval sweep CKPT --data seqs.jsonl --loops 1,2,4,8 --q 0,0.5,0.9,1
-    python -m titanloop.eval generate CKPT --prompt-ids 5,17,3 --max-new-tokens 16 --cache-policy last
+python -m titanloop.eval sweep CKPT --data task:mano --out out/eval          # report.json + plots
+python -m titanloop.eval sweep CKPT --data seqs.jsonl --loops 1,2,4,8 --q 0,0.5,0.9,1
+python -m titanloop.eval generate CKPT --prompt-ids 5,17,3 --max-new-tokens 16 --cache-policy last
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import torch
 
 from titanloop.config_errors import ConfigError
 
-DATA_HELP = ("evaluation data: a .jsonl file with one token sequence per line (a JSON list of ids, or an object "
-             "with 'input_ids' and optional 'labels'); a .json file holding a titanloop.data DataConfig dict; "
-             "'task:NAME' for held-out examples of a synthetic task (mano, addition, xor, multihop); or "
-             "'synthetic_text'")
+DATA_HELP = (
+    "evaluation data: a .jsonl file with one token sequence per line (a JSON list of ids, or an object "
+    "with 'input_ids' and optional 'labels'); a .json file holding a titanloop.data DataConfig dict; "
+    "'task:NAME' for held-out examples of a synthetic task (mano, addition, xor, multihop); or "
+    "'synthetic_text'"
+)
 
 
 def _ints(s: str) -> list[int]:
@@ -41,7 +43,7 @@ def load_data(spec: str, seed: int = 0):
     from titanloop.data import DataConfig  # (CLI: `--help` and argument errors answer before torch is imported)
 
     if spec.startswith("task:"):
-        return DataConfig(kind="synthetic_task", task=spec[len("task:"):], split="eval", seed=seed)
+        return DataConfig(kind="synthetic_task", task=spec[len("task:") :], split="eval", seed=seed)
     if spec == "synthetic_text":
         return DataConfig(kind="synthetic_text", seed=seed)
     path = Path(spec)
@@ -72,9 +74,17 @@ def load_data(spec: str, seed: int = 0):
 def _sweep(args) -> None:
     from titanloop.eval import EvalConfig, evaluate, load_model, write_report  # (CLI: torch only once needed)
 
-    cfg = EvalConfig(loops=args.loops, exit_loops=args.exit_loops, batch_size=args.batch_size,
-                     max_batches=args.max_batches, seq_len=args.seq_len, chunk_size=args.chunk_size,
-                     hidden_eps=args.hidden_eps, jsrr_loops=args.jsrr_loops, diagnostics=not args.no_diagnostics)
+    cfg = EvalConfig(
+        loops=args.loops,
+        exit_loops=args.exit_loops,
+        batch_size=args.batch_size,
+        max_batches=args.max_batches,
+        seq_len=args.seq_len,
+        chunk_size=args.chunk_size,
+        hidden_eps=args.hidden_eps,
+        jsrr_loops=args.jsrr_loops,
+        diagnostics=not args.no_diagnostics,
+    )
     for name in ("q", "margin", "ash_eps", "ash_patience"):
         value = getattr(args, name)
         if value is not None:
@@ -82,13 +92,20 @@ def _sweep(args) -> None:
     print(f"loading {args.checkpoint}", flush=True)
     model = load_model(args.checkpoint)
     dataset = load_data(args.data, args.seed)
-    report = evaluate(model, dataset, cfg, progress=lambda m: print(m, flush=True),
-                      meta={"checkpoint": str(args.checkpoint), "data": args.data})
+    report = evaluate(
+        model,
+        dataset,
+        cfg,
+        progress=lambda m: print(m, flush=True),
+        meta={"checkpoint": str(args.checkpoint), "data": args.data},
+    )
     paths = write_report(report, args.out)
     print(f"\n{'loops':>5} {'loss':>8} {'ppl':>10} {'tok_acc':>8} {'seq_acc':>8}")
     for p in report["depth_sweep"]["points"]:
-        print(f"{p['loops']:>5} {p['loss']:>8.4f} {p['perplexity']:>10.3f} {p['token_accuracy']:>8.4f} "
-              f"{p['sequence_accuracy']:>8.4f}")
+        print(
+            f"{p['loops']:>5} {p['loss']:>8.4f} {p['perplexity']:>10.3f} {p['token_accuracy']:>8.4f} "
+            f"{p['sequence_accuracy']:>8.4f}"
+        )
     fr = report["exit_frontier"]
     print("\nPareto frontier (loss):")
     for i in fr["pareto"]["loss"]:
@@ -103,40 +120,72 @@ def _generate(args) -> None:
     from titanloop.eval.generate import GenerationConfig, generate
 
     model = load_model(args.checkpoint)
-    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, n_loops=args.n_loops, cache_policy=args.cache_policy,
-                           exit_policy=args.exit_policy, q=args.q, exit_kv=args.exit_kv, temperature=args.temperature,
-                           top_k=args.top_k, seed=args.seed, eos_token_id=args.eos_token_id)
+    cfg = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        n_loops=args.n_loops,
+        cache_policy=args.cache_policy,
+        exit_policy=args.exit_policy,
+        q=args.q,
+        exit_kv=args.exit_kv,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        eos_token_id=args.eos_token_id,
+    )
     if not args.prompt_ids:
         raise ConfigError("--prompt-ids is empty: expected a comma-separated list of token ids, e.g. 5,17,3")
     out = generate(model, torch.tensor([args.prompt_ids]), cfg)
-    print(json.dumps({"new_tokens": out.new_tokens[0].tolist(), "exit_loops": out.exit_loops[0].tolist(),
-                      "loops_run": out.loops_run, "cache_bytes": out.cache_bytes,
-                      "full_cache_bytes": out.full_cache_bytes, "prefill_cache_bytes": out.prefill_cache_bytes,
-                      "memory_reduction": round(out.memory_reduction, 3)}))
+    print(
+        json.dumps(
+            {
+                "new_tokens": out.new_tokens[0].tolist(),
+                "exit_loops": out.exit_loops[0].tolist(),
+                "loops_run": out.loops_run,
+                "cache_bytes": out.cache_bytes,
+                "full_cache_bytes": out.full_cache_bytes,
+                "prefill_cache_bytes": out.prefill_cache_bytes,
+                "memory_reduction": round(out.memory_reduction, 3),
+            }
+        )
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m titanloop.eval",
-                                     description="Evaluate a looped LM: depth sweep, early-exit frontier, per-loop "
-                                                 "diagnostics (sweep), or decode with a KV cache (generate).")
+    parser = argparse.ArgumentParser(
+        prog="python -m titanloop.eval",
+        description="Evaluate a looped LM: depth sweep, early-exit frontier, per-loop "
+        "diagnostics (sweep), or decode with a KV cache (generate).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ckpt_help = "checkpoint: an Ouro Hugging Face directory (titanloop.interchange export) or a DCP directory"
 
-    s = sub.add_parser("sweep", help="depth sweep + exit strategies + diagnostics -> report.json and PNG plots",
-                       description="Score the data at T = --loops, run every early-exit strategy over loops "
-                                   "1..--exit-loops, compute per-loop diagnostics; write report.json, "
-                                   "depth_curve.png, pareto.png, hidden_norms.png into --out.")
+    s = sub.add_parser(
+        "sweep",
+        help="depth sweep + exit strategies + diagnostics -> report.json and PNG plots",
+        description="Score the data at T = --loops, run every early-exit strategy over loops "
+        "1..--exit-loops, compute per-loop diagnostics; write report.json, "
+        "depth_curve.png, pareto.png, hidden_norms.png into --out.",
+    )
     s.add_argument("checkpoint", help=ckpt_help)
     s.add_argument("--data", required=True, help=DATA_HELP)
     s.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
-    s.add_argument("--loops", type=_ints, default=None, help="loop counts T to sweep, e.g. 1,2,4,8 "
-                                                             "(default 1..2x the trained depth)")
+    s.add_argument(
+        "--loops",
+        type=_ints,
+        default=None,
+        help="loop counts T to sweep, e.g. 1,2,4,8 (default 1..2x the trained depth)",
+    )
     s.add_argument("--exit-loops", type=int, default=None, help="T_max for the exit strategies (default: trained)")
     s.add_argument("--q", type=_floats, default=None, help="Q-exit thresholds in [0,1] (default 0,0.1,...,1)")
-    s.add_argument("--margin", type=_floats, default=None, help="logit-margin thresholds (top-1 minus top-2 "
-                                                                "probability) in [0,1]")
-    s.add_argument("--hidden-eps", type=_floats, default=None, help="hidden-difference thresholds (RMS change of "
-                                                                    "the normalized state; default: data quantiles)")
+    s.add_argument(
+        "--margin", type=_floats, default=None, help="logit-margin thresholds (top-1 minus top-2 probability) in [0,1]"
+    )
+    s.add_argument(
+        "--hidden-eps",
+        type=_floats,
+        default=None,
+        help="hidden-difference thresholds (RMS change of the normalized state; default: data quantiles)",
+    )
     s.add_argument("--ash-eps", type=_floats, default=None, help="ASH thresholds on ||Δsoftmax||_1, in [0,2]")
     s.add_argument("--ash-patience", type=_ints, default=None, help="ASH consecutive loops m (default 1,2)")
     s.add_argument("--jsrr-loops", type=_ints, default=None, help="loops at which to estimate the spectral radius")
@@ -148,8 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-diagnostics", action="store_true", help="skip radial gradient and JSRR")
     s.set_defaults(func=_sweep)
 
-    g = sub.add_parser("generate", help="greedy or sampled decoding with a KV cache",
-                       description="Decode after --prompt-ids; prints new tokens, exit loops and KV-cache bytes.")
+    g = sub.add_parser(
+        "generate",
+        help="greedy or sampled decoding with a KV cache",
+        description="Decode after --prompt-ids; prints new tokens, exit loops and KV-cache bytes.",
+    )
     g.add_argument("checkpoint", help=ckpt_help)
     g.add_argument("--prompt-ids", type=_ints, required=True, help="comma-separated prompt token ids")
     g.add_argument("--max-new-tokens", type=int, default=32)

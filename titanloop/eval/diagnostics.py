@@ -23,8 +23,12 @@ def _summary(x: torch.Tensor) -> dict:
     x = x.float()
     if x.numel() == 0:
         return {"mean": float("nan"), "median": float("nan"), "p99": float("nan"), "max": float("nan")}
-    return {"mean": float(x.mean()), "median": float(x.median()),
-            "p99": float(torch.quantile(x[:1_000_000], 0.99)), "max": float(x.max())}
+    return {
+        "mean": float(x.mean()),
+        "median": float(x.median()),
+        "p99": float(torch.quantile(x[:1_000_000], 0.99)),
+        "max": float(x.max()),
+    }
 
 
 def hidden_norms(stats: LoopStats) -> list[dict]:
@@ -35,10 +39,13 @@ def exit_distribution(stats: LoopStats, exit_loops: int) -> dict:
     log_p = exit_log_probs(stats.gate_logits[:exit_loops])  # [T, N]
     p = log_p.exp()
     loops = torch.arange(1, exit_loops + 1, dtype=torch.float32)[:, None]
-    return {"exit_loops": exit_loops, "p_mean": p.mean(1).tolist(),
-            "mean_exit_loop": float((p * loops).sum(0).mean()),
-            "entropy_mean": float(exit_entropy(log_p).mean()),
-            "entropy_max": float(torch.log(torch.tensor(float(exit_loops))))}
+    return {
+        "exit_loops": exit_loops,
+        "p_mean": p.mean(1).tolist(),
+        "mean_exit_loop": float((p * loops).sum(0).mean()),
+        "entropy_mean": float(exit_entropy(log_p).mean()),
+        "entropy_max": float(torch.log(torch.tensor(float(exit_loops)))),
+    }
 
 
 def radial_gradient_fraction(model: LoopLM, batch: dict, n_loops: int, chunk_size: int = 1024) -> list[dict]:
@@ -58,13 +65,20 @@ def radial_gradient_fraction(model: LoopLM, batch: dict, n_loops: int, chunk_siz
             (grad,) = torch.autograd.grad(loss, h)
         g, hv = grad[scored].float(), h.detach()[scored].float()
         r = (g * hv).sum(-1) / (g.norm(dim=-1) * hv.norm(dim=-1)).clamp_min(1e-30)
-        out.append({"loop": t + 1, "mean_abs": float(r.abs().mean()), "median_abs": float(r.abs().median()),
-                    "mean_signed": float(r.mean())})
+        out.append(
+            {
+                "loop": t + 1,
+                "mean_abs": float(r.abs().mean()),
+                "median_abs": float(r.abs().median()),
+                "mean_signed": float(r.mean()),
+            }
+        )
     return out
 
 
-def spectral_radius(model: LoopLM, batch: dict, loops: list[int], rows: int = 2, power_steps: int = 10,
-                    seed: int = 0) -> list[dict]:
+def spectral_radius(
+    model: LoopLM, batch: dict, loops: list[int], rows: int = 2, power_steps: int = 10, seed: int = 0
+) -> list[dict]:
     """ρ(J_Φ) at the input x_{t-1} of each loop t in `loops`, on the first `rows` rows of `batch`."""
     ids = batch["input_ids"][:rows]
     doc_ids = batch["doc_ids"][:rows] if batch.get("doc_ids") is not None else None

@@ -90,8 +90,10 @@ def margin_exit(margin: torch.Tensor, tau: float) -> torch.Tensor:
 
 def pareto_front(points: list[dict], metric: str, higher_is_better: bool) -> list[int]:
     """Indices of the points not dominated in (avg_loops lower, metric better), by increasing avg_loops."""
-    order = sorted(range(len(points)), key=lambda i: (points[i]["avg_loops"],
-                                                      -points[i][metric] if higher_is_better else points[i][metric]))
+    order = sorted(
+        range(len(points)),
+        key=lambda i: (points[i]["avg_loops"], -points[i][metric] if higher_is_better else points[i][metric]),
+    )
     front, best = [], None
     for i in order:
         v = points[i][metric]
@@ -110,12 +112,23 @@ def auto_hidden_eps(hidden_delta: torch.Tensor) -> list[float]:
     return sorted({round(float(v), 6) for v in qs})
 
 
-def exit_frontier_from_stats(stats: LoopStats, exit_loops: int, *, q_thresholds=DEFAULT_Q,
-                             margin_thresholds=DEFAULT_MARGIN, hidden_eps=None, ash_eps=DEFAULT_ASH_EPS,
-                             ash_patience=DEFAULT_ASH_PATIENCE) -> dict:
+def exit_frontier_from_stats(
+    stats: LoopStats,
+    exit_loops: int,
+    *,
+    q_thresholds=DEFAULT_Q,
+    margin_thresholds=DEFAULT_MARGIN,
+    hidden_eps=None,
+    ash_eps=DEFAULT_ASH_EPS,
+    ash_patience=DEFAULT_ASH_PATIENCE,
+) -> dict:
     """All strategies' operating points over loops 1..exit_loops, and the Pareto frontiers."""
-    require(1 <= int(exit_loops) <= stats.n_loops, "exit_loops", exit_loops,
-            f"an integer in [1, {stats.n_loops}] (the loops collected)")
+    require(
+        1 <= int(exit_loops) <= stats.n_loops,
+        "exit_loops",
+        exit_loops,
+        f"an integer in [1, {stats.n_loops}] (the loops collected)",
+    )
     q_thresholds = check_unit_thresholds(q_thresholds, "q_thresholds")
     margin_thresholds = check_unit_thresholds(margin_thresholds, "margin_thresholds")
     ash_eps = check_unit_thresholds(ash_eps, "ash_eps", upper=2.0)
@@ -131,8 +144,14 @@ def exit_frontier_from_stats(stats: LoopStats, exit_loops: int, *, q_thresholds=
     points = []
 
     def add(strategy: str, param: dict, exit_loop: torch.Tensor):
-        points.append({"strategy": strategy, "param": param, **stats.quality(exit_loop),
-                       "exit_histogram": torch.bincount(exit_loop - 1, minlength=t_max).tolist()})
+        points.append(
+            {
+                "strategy": strategy,
+                "param": param,
+                **stats.quality(exit_loop),
+                "exit_histogram": torch.bincount(exit_loop - 1, minlength=t_max).tolist(),
+            }
+        )
 
     for t in range(1, t_max + 1):
         add("static", {"t": t}, static_exit(stats.n_tokens, t))
@@ -148,6 +167,8 @@ def exit_frontier_from_stats(stats: LoopStats, exit_loops: int, *, q_thresholds=
     return {
         "exit_loops": t_max,
         "points": points,
-        "pareto": {"loss": pareto_front(points, "loss", higher_is_better=False),
-                   "token_accuracy": pareto_front(points, "token_accuracy", higher_is_better=True)},
+        "pareto": {
+            "loss": pareto_front(points, "loss", higher_is_better=False),
+            "token_accuracy": pareto_front(points, "token_accuracy", higher_is_better=True),
+        },
     }

@@ -66,12 +66,17 @@ class GenerationConfig:
         require(0.0 <= self.q <= 1.0, "q", self.q, "a threshold in [0, 1]")
         require(self.temperature >= 0, "temperature", self.temperature, "a value >= 0 (0 = greedy)")
         require(self.top_k is None or self.top_k >= 1, "top_k", self.top_k, "an integer >= 1 or None")
-        require(self.eos_token_id is None or 0 <= self.eos_token_id < model_cfg.vocab_size, "eos_token_id",
-                self.eos_token_id, f"a token id in [0, {model_cfg.vocab_size})")
+        require(
+            self.eos_token_id is None or 0 <= self.eos_token_id < model_cfg.vocab_size,
+            "eos_token_id",
+            self.eos_token_id,
+            f"a token id in [0, {model_cfg.vocab_size})",
+        )
 
 
-def kv_cache_bytes(cfg: LoopLMConfig, batch: int, tokens: int, n_loops: int, policy: str,
-                   dtype: torch.dtype = torch.float32) -> int:
+def kv_cache_bytes(
+    cfg: LoopLMConfig, batch: int, tokens: int, n_loops: int, policy: str, dtype: torch.dtype = torch.float32
+) -> int:
     """Bytes of K and V held for `tokens` positions after prefill+decode under `policy` (no prefill peak)."""
     require_choice(policy, "cache_policy", CACHE_POLICIES)
     per_layer = 2 * batch * tokens * cfg.kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
@@ -232,10 +237,18 @@ def generate(model: LoopLM, input_ids: torch.Tensor, cfg: GenerationConfig | Non
     cfg.validate(model.cfg)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    require(input_ids.dim() == 2 and input_ids.shape[1] >= 1, "input_ids", list(input_ids.shape),
-            "a [B, S] prompt with S >= 1")
-    require(int(input_ids.max()) < model.cfg.vocab_size and int(input_ids.min()) >= 0, "input_ids",
-            int(input_ids.max()), f"token ids in [0, {model.cfg.vocab_size})")
+    require(
+        input_ids.dim() == 2 and input_ids.shape[1] >= 1,
+        "input_ids",
+        list(input_ids.shape),
+        "a [B, S] prompt with S >= 1",
+    )
+    require(
+        int(input_ids.max()) < model.cfg.vocab_size and int(input_ids.min()) >= 0,
+        "input_ids",
+        int(input_ids.max()),
+        f"token ids in [0, {model.cfg.vocab_size})",
+    )
     n_loops = cfg.n_loops or model.cfg.n_loops
     device = model.embed_tokens.weight.device
     ids = input_ids.to(device)
@@ -248,14 +261,16 @@ def generate(model: LoopLM, input_ids: torch.Tensor, cfg: GenerationConfig | Non
         if cache is None:
             readout, exit_loop, ran = _run_loops(model, ids, n_loops, cfg)
         elif i == 0:  # prefill: all loops, one cache per (loop, layer)
-            readout, exit_loop, _ = _run_loops(model, ids, n_loops, dataclasses.replace(cfg, exit_kv="compute"),
-                                               kv_cache=cache)
+            readout, exit_loop, _ = _run_loops(
+                model, ids, n_loops, dataclasses.replace(cfg, exit_kv="compute"), kv_cache=cache
+            )
             ran = n_loops
             prefill_bytes = cache.nbytes()
             cache.start_decoding()
         else:
-            readout, exit_loop, ran = _run_loops(model, ids[:, -1:], n_loops, cfg, kv_cache=cache,
-                                                 position_offset=ids.shape[1] - 1)
+            readout, exit_loop, ran = _run_loops(
+                model, ids[:, -1:], n_loops, cfg, kv_cache=cache, position_offset=ids.shape[1] - 1
+            )
             cache.commit(exit_loop if cfg.exit_kv == "copy" else torch.full_like(exit_loop, n_loops))
         tok = _pick(model.lm_head(readout), cfg, gen)
         if cfg.eos_token_id is not None:
@@ -269,8 +284,14 @@ def generate(model: LoopLM, input_ids: torch.Tensor, cfg: GenerationConfig | Non
             break
     # The last token's K/V would only be written when it is fed back; count the cache for the tokens it holds.
     held = ids.shape[1] - 1
-    return GenerationResult(tokens=ids, new_tokens=torch.stack(new, 1), exit_loops=torch.stack(exits, 1),
-                            loops_run=loops_run, cache_bytes=cache.nbytes() if cache else 0,
-                            prefill_cache_bytes=prefill_bytes,
-                            full_cache_bytes=kv_cache_bytes(model.cfg, ids.shape[0], held, n_loops, "full",
-                                                            model.embed_tokens.weight.dtype))
+    return GenerationResult(
+        tokens=ids,
+        new_tokens=torch.stack(new, 1),
+        exit_loops=torch.stack(exits, 1),
+        loops_run=loops_run,
+        cache_bytes=cache.nbytes() if cache else 0,
+        prefill_cache_bytes=prefill_bytes,
+        full_cache_bytes=kv_cache_bytes(
+            model.cfg, ids.shape[0], held, n_loops, "full", model.embed_tokens.weight.dtype
+        ),
+    )

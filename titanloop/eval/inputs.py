@@ -31,12 +31,14 @@ def _sequences_to_batches(seqs: list, batch_size: int) -> list[dict]:
     for i, s in enumerate(seqs):
         t = torch.as_tensor(s, dtype=torch.long).flatten()
         if t.numel() < 2:
-            raise ConfigError(f"dataset[{i}] has {t.numel()} token(s): expected sequences of at least 2 tokens "
-                              "(an input and a next-token target)")
+            raise ConfigError(
+                f"dataset[{i}] has {t.numel()} token(s): expected sequences of at least 2 tokens "
+                "(an input and a next-token target)"
+            )
         rows.append(t)
     batches = []
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
+        chunk = rows[start : start + batch_size]
         width = max(r.numel() for r in chunk) - 1
         ids = torch.zeros(len(chunk), width, dtype=torch.long)
         labels = torch.full((len(chunk), width), IGNORE_INDEX, dtype=torch.long)
@@ -53,11 +55,14 @@ def _check_batch(b, i: int) -> dict:
         raise ConfigError(f"dataset batch {i} is invalid: expected a dict with 'input_ids' and 'labels' [B, S]")
     ids, labels = torch.as_tensor(b["input_ids"]), torch.as_tensor(b["labels"])
     if ids.dim() != 2 or ids.shape != labels.shape:
-        raise ConfigError(f"dataset batch {i}: input_ids {list(ids.shape)} and labels {list(labels.shape)} are "
-                          "invalid: expected two [B, S] tensors of the same shape")
+        raise ConfigError(
+            f"dataset batch {i}: input_ids {list(ids.shape)} and labels {list(labels.shape)} are "
+            "invalid: expected two [B, S] tensors of the same shape"
+        )
     out = {"input_ids": ids.long(), "labels": labels.long()}
-    out["token_mask"] = (torch.as_tensor(b["token_mask"]).bool() if "token_mask" in b
-                         else torch.ones_like(ids, dtype=torch.bool))
+    out["token_mask"] = (
+        torch.as_tensor(b["token_mask"]).bool() if "token_mask" in b else torch.ones_like(ids, dtype=torch.bool)
+    )
     if b.get("doc_ids") is not None:
         out["doc_ids"] = torch.as_tensor(b["doc_ids"]).long()
     return out
@@ -70,20 +75,32 @@ def _data_config_batches(cfg, batch_size: int, n_batches: int, seq_len: int, voc
     if cfg.kind == "synthetic_task" and cfg.split == "eval":
         options = {k: v for k, v in cfg.task_options.items() if k != "train_size"}
         task = build_task(cfg.task, seed=cfg.seed, **options)
-        require(task.vocab_size <= vocab_size, "model vocab_size", vocab_size,
-                f">= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
+        require(
+            task.vocab_size <= vocab_size,
+            "model vocab_size",
+            vocab_size,
+            f">= {task.vocab_size}, the vocabulary of task {cfg.task!r}",
+        )
         return list(task_eval_batches(task, n_batches * batch_size, batch_size, seed=cfg.seed))
 
-    loader = build_dataloader(cfg, seq_len=seq_len, micro_batch_size=batch_size, global_batch_size=batch_size,
-                              dp_rank=0, dp_world=1, vocab_size=vocab_size)
+    loader = build_dataloader(
+        cfg,
+        seq_len=seq_len,
+        micro_batch_size=batch_size,
+        global_batch_size=batch_size,
+        dp_rank=0,
+        dp_world=1,
+        vocab_size=vocab_size,
+    )
     try:
         return list(itertools.islice(iter(loader), n_batches))
     finally:
         loader.close()
 
 
-def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None, seq_len: int = 256,
-                 vocab_size: int | None = None) -> list[dict]:
+def eval_batches(
+    dataset, *, batch_size: int = 8, max_batches: int | None = None, seq_len: int = 256, vocab_size: int | None = None
+) -> list[dict]:
     """A finite list of checked batches (see the module docstring); one-line ConfigError on bad input."""
     require(batch_size >= 1, "batch_size", batch_size, "an integer >= 1")
     require(max_batches is None or max_batches >= 1, "max_batches", max_batches, "an integer >= 1 or None")
@@ -107,18 +124,26 @@ def eval_batches(dataset, *, batch_size: int = 8, max_batches: int | None = None
         first = itertools.islice(dataset, max_batches or DEFAULT_MAX_BATCHES)
         batches = [_check_batch(b, i) for i, b in enumerate(first)]
     else:
-        raise ConfigError(f"dataset of type {type(dataset).__name__} is invalid: expected token sequences, batch "
-                          "dicts, a loader or a DataConfig")
+        raise ConfigError(
+            f"dataset of type {type(dataset).__name__} is invalid: expected token sequences, batch "
+            "dicts, a loader or a DataConfig"
+        )
     if max_batches is not None:
         batches = batches[:max_batches]
     if not batches or all(int((b["labels"] != IGNORE_INDEX).sum()) == 0 for b in batches):
-        raise ConfigError("dataset is empty: no token has a target (all labels are -100); "
-                          "expected at least one scored token")
+        raise ConfigError(
+            "dataset is empty: no token has a target (all labels are -100); expected at least one scored token"
+        )
     if vocab_size is not None:
         top = max(max(int(b["input_ids"].max()), int(b["labels"].max())) for b in batches)
-        low = min(int(torch.where(b["labels"] == IGNORE_INDEX, 0, b["labels"]).min()
-                      .clamp(max=int(b["input_ids"].min())))
-                  for b in batches)
-        require(0 <= low and top < vocab_size, "dataset token id", top if top >= vocab_size else low,
-                f"ids in [0, {vocab_size}) (the model's vocab_size)")
+        low = min(
+            int(torch.where(b["labels"] == IGNORE_INDEX, 0, b["labels"]).min().clamp(max=int(b["input_ids"].min())))
+            for b in batches
+        )
+        require(
+            0 <= low and top < vocab_size,
+            "dataset token id",
+            top if top >= vocab_size else low,
+            f"ids in [0, {vocab_size}) (the model's vocab_size)",
+        )
     return batches

@@ -67,16 +67,28 @@ def _tokenizer(spec: str | None, pretrained: str):
         return ByteTokenizer()
     path = Path(spec) if spec else Path(pretrained) / "tokenizer.json"
     if not path.is_file():
-        raise ConfigError(f"tokenizer={str(spec or path)!r} is invalid: expected a tokenizer.json path or 'bytes' "
-                          "(no tokenizer.json next to the checkpoint)")
+        raise ConfigError(
+            f"tokenizer={str(spec or path)!r} is invalid: expected a tokenizer.json path or 'bytes' "
+            "(no tokenizer.json next to the checkpoint)"
+        )
     return JsonTokenizer(str(path))
 
 
 @register_model("titanloop")
 class TitanloopLM(LM):
-    def __init__(self, pretrained: str, n_loops: int | None = None, exit_policy: str = "static", q: float = 1.0,
-                 tokenizer: str | None = None, bos_token_id: int | None = None, max_length: int | None = None,
-                 batch_size: int | str | None = 1, device: str | None = "cpu", **_lm_eval_extras):
+    def __init__(
+        self,
+        pretrained: str,
+        n_loops: int | None = None,
+        exit_policy: str = "static",
+        q: float = 1.0,
+        tokenizer: str | None = None,
+        bos_token_id: int | None = None,
+        max_length: int | None = None,
+        batch_size: int | str | None = 1,
+        device: str | None = "cpu",
+        **_lm_eval_extras,
+    ):
         # _lm_eval_extras: options lm_eval passes to every model class (e.g. max_batch_size), unused here
         super().__init__()
         if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
@@ -112,20 +124,20 @@ class TitanloopLM(LM):
         """(context ids, continuation ids) -> (sum log p(continuation), continuation is the greedy output)."""
         out = []
         for start in range(0, len(pairs), self.batch_size):
-            chunk = pairs[start:start + self.batch_size]
+            chunk = pairs[start : start + self.batch_size]
             rows = []
             for ctx, cont in chunk:
-                full = ((ctx or [self.bos_token_id]) + cont)[-(self.max_length + 1):]
+                full = ((ctx or [self.bos_token_id]) + cont)[-(self.max_length + 1) :]
                 rows.append((full, len(cont)))
             width = max(len(f) for f, _ in rows) - 1
             ids = torch.zeros(len(rows), width, dtype=torch.long)
             for i, (f, _) in enumerate(rows):
-                ids[i, :len(f) - 1] = torch.tensor(f[:-1])
+                ids[i, : len(f) - 1] = torch.tensor(f[:-1])
             logp = self._exit_logprobs(ids.to(self.model.embed_tokens.weight.device)).cpu()
             for i, (f, n_cont) in enumerate(rows):
                 end = len(f) - 1
                 target = torch.tensor(f[-n_cont:])
-                lp = logp[i, end - n_cont:end]
+                lp = logp[i, end - n_cont : end]
                 out.append((float(lp.gather(1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all())))
         return out
 
@@ -136,9 +148,15 @@ class TitanloopLM(LM):
     def loglikelihood_rolling(self, requests) -> list[float]:
         results = []
         for (text,) in (r.args[:1] for r in requests):
-            windows = [lm_utils.make_disjoint_window(w) for w in lm_utils.get_rolling_token_windows(
-                token_list=self.tokenizer.encode(text), prefix_token=self.bos_token_id,
-                max_seq_len=self.max_length, context_len=1)]
+            windows = [
+                lm_utils.make_disjoint_window(w)
+                for w in lm_utils.get_rolling_token_windows(
+                    token_list=self.tokenizer.encode(text),
+                    prefix_token=self.bos_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
             results.append(sum(lp for lp, _ in self._score(windows)))
         return results
 
@@ -148,10 +166,14 @@ class TitanloopLM(LM):
             gen_kwargs = dict(gen_kwargs or {})
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            ids = (self.tokenizer.encode(ctx) or [self.bos_token_id])[-self.max_length:]
-            cfg = GenerationConfig(max_new_tokens=int(gen_kwargs.get("max_gen_toks", 64)), n_loops=self.n_loops,
-                                   exit_policy=self.exit_policy, q=self.q,
-                                   temperature=float(gen_kwargs.get("temperature", 0.0) or 0.0))
+            ids = (self.tokenizer.encode(ctx) or [self.bos_token_id])[-self.max_length :]
+            cfg = GenerationConfig(
+                max_new_tokens=int(gen_kwargs.get("max_gen_toks", 64)),
+                n_loops=self.n_loops,
+                exit_policy=self.exit_policy,
+                q=self.q,
+                temperature=float(gen_kwargs.get("temperature", 0.0) or 0.0),
+            )
             text = self.tokenizer.decode(generate(self.model, torch.tensor([ids]), cfg).new_tokens[0].tolist())
             for stop in until:
                 text = text.split(stop)[0]

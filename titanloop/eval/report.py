@@ -19,7 +19,12 @@ from titanloop.config_errors import ConfigError
 from titanloop.eval.sweep import REPORT_SCHEMA
 
 REQUIRED = {
-    "schema": str, "model": dict, "data": dict, "config": dict, "depth_sweep": dict, "exit_frontier": dict,
+    "schema": str,
+    "model": dict,
+    "data": dict,
+    "config": dict,
+    "depth_sweep": dict,
+    "exit_frontier": dict,
 }
 SWEEP_POINT = ("loops", "loss", "perplexity", "token_accuracy", "sequence_accuracy")
 FRONTIER_POINT = ("strategy", "param", "avg_loops", "loss", "perplexity", "token_accuracy", "sequence_accuracy")
@@ -43,8 +48,10 @@ def validate_report(report: dict) -> None:
     for i, p in enumerate(pts):
         missing = [k for k in FRONTIER_POINT if k not in p]
         if missing or p["strategy"] not in STRATEGIES:
-            raise ConfigError(f"report['exit_frontier']['points'][{i}] is invalid: needs {list(FRONTIER_POINT)} "
-                              f"with strategy in {list(STRATEGIES)}")
+            raise ConfigError(
+                f"report['exit_frontier']['points'][{i}] is invalid: needs {list(FRONTIER_POINT)} "
+                f"with strategy in {list(STRATEGIES)}"
+            )
     for metric, idx in report["exit_frontier"].get("pareto", {}).items():
         if any(not (0 <= j < len(pts)) for j in idx):
             raise ConfigError(f"report['exit_frontier']['pareto'][{metric!r}] has indices outside the points list")
@@ -88,8 +95,9 @@ def plot_pareto(report: dict, path: Path) -> None:
         for strat, marker in markers.items():
             sel = [p for p in pts if p["strategy"] == strat]
             if sel:
-                ax.scatter([p["avg_loops"] for p in sel], [p[metric] for p in sel], marker=marker, label=strat,
-                           alpha=0.75)
+                ax.scatter(
+                    [p["avg_loops"] for p in sel], [p[metric] for p in sel], marker=marker, label=strat, alpha=0.75
+                )
         front = [pts[i] for i in fr["pareto"].get(metric, [])]
         ax.plot([p["avg_loops"] for p in front], [p[metric] for p in front], "k-", lw=1, label="Pareto frontier")
         ax.set(xlabel="average loops used", ylabel=metric, title=f"Exit strategies: {metric}")

@@ -92,8 +92,9 @@ def _head_stats(readouts: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 
 
 @torch.no_grad()
-def collect_loop_stats(model: LoopLM, batches: list[dict], n_loops: int, *, chunk_size: int = 1024,
-                       progress=None) -> LoopStats:
+def collect_loop_stats(
+    model: LoopLM, batches: list[dict], n_loops: int, *, chunk_size: int = 1024, progress=None
+) -> LoopStats:
     """Run every batch to `n_loops` loops and gather the per-token, per-loop scalars (module docstring)."""
     require(int(n_loops) >= 1, "n_loops", n_loops, "an integer >= 1")
     require(chunk_size >= 1, "chunk_size", chunk_size, "an integer >= 1")
@@ -111,8 +112,9 @@ def collect_loop_stats(model: LoopLM, batches: list[dict], n_loops: int, *, chun
             readouts.append(step.exit_readout[scored])
             gates.append(step.gate_logit[scored].float())
             x = step.normed[scored].float()
-            hdelta.append(torch.full((x.shape[0],), math.inf) if prev is None
-                          else (x - prev).pow(2).mean(-1).sqrt().cpu())
+            hdelta.append(
+                torch.full((x.shape[0],), math.inf) if prev is None else (x - prev).pow(2).mean(-1).sqrt().cpu()
+            )
             prev = x
             rms.append(step.state[real].float().pow(2).mean(-1).sqrt().cpu())
         ce, correct, margin, ash = _head_stats(torch.stack(readouts), weight, labels[scored], chunk_size)
@@ -132,7 +134,14 @@ def collect_loop_stats(model: LoopLM, batches: list[dict], n_loops: int, *, chun
         if progress is not None:
             progress(f"batch {bi + 1}/{len(batches)}: {int(scored.sum())} scored tokens, {n_loops} loops")
     row = torch.unique(torch.cat(parts["row"]), return_inverse=True)[1]
-    return LoopStats(ce=torch.cat(parts["ce"], 1), correct=torch.cat(parts["correct"], 1),
-                     margin=torch.cat(parts["margin"], 1), ash_delta=torch.cat(parts["ash"], 1),
-                     hidden_delta=torch.cat(parts["hdelta"], 1), gate_logits=torch.cat(parts["gate"], 1),
-                     row=row, n_rows=int(row.max()) + 1 if row.numel() else 0, state_rms=torch.cat(parts["rms"], 1))
+    return LoopStats(
+        ce=torch.cat(parts["ce"], 1),
+        correct=torch.cat(parts["correct"], 1),
+        margin=torch.cat(parts["margin"], 1),
+        ash_delta=torch.cat(parts["ash"], 1),
+        hidden_delta=torch.cat(parts["hdelta"], 1),
+        gate_logits=torch.cat(parts["gate"], 1),
+        row=row,
+        n_rows=int(row.max()) + 1 if row.numel() else 0,
+        state_rms=torch.cat(parts["rms"], 1),
+    )

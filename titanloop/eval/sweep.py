@@ -17,8 +17,15 @@ from dataclasses import dataclass, field
 
 from titanloop.config_errors import ConfigError, require
 from titanloop.eval import diagnostics as diag
-from titanloop.eval.exits import (DEFAULT_ASH_EPS, DEFAULT_ASH_PATIENCE, DEFAULT_MARGIN, DEFAULT_Q,
-                                  check_unit_thresholds, exit_frontier_from_stats, static_exit)
+from titanloop.eval.exits import (
+    DEFAULT_ASH_EPS,
+    DEFAULT_ASH_PATIENCE,
+    DEFAULT_MARGIN,
+    DEFAULT_Q,
+    check_unit_thresholds,
+    exit_frontier_from_stats,
+    static_exit,
+)
 from titanloop.eval.inputs import eval_batches
 from titanloop.eval.stats import LoopStats, collect_loop_stats
 from titanloop.model import LoopLM
@@ -49,13 +56,25 @@ class EvalConfig:
         if self.loops is not None:
             require(len(self.loops) >= 1, "loops", self.loops, "a non-empty list of loop counts >= 1")
             for t in self.loops:
-                require(isinstance(t, int) and not isinstance(t, bool) and t >= 1, "loops", t,
-                        "integers >= 1 (number of loops T)")
+                require(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 1,
+                    "loops",
+                    t,
+                    "integers >= 1 (number of loops T)",
+                )
             if model_cfg.per_loop_norm:
-                require(max(self.loops) <= model_cfg.max_loops, "loops", max(self.loops),
-                        f"<= max_loops={model_cfg.max_loops} (per_loop_norm models have one norm per loop)")
-        require(self.exit_loops is None or int(self.exit_loops) >= 1, "exit_loops", self.exit_loops,
-                "an integer >= 1 or None")
+                require(
+                    max(self.loops) <= model_cfg.max_loops,
+                    "loops",
+                    max(self.loops),
+                    f"<= max_loops={model_cfg.max_loops} (per_loop_norm models have one norm per loop)",
+                )
+        require(
+            self.exit_loops is None or int(self.exit_loops) >= 1,
+            "exit_loops",
+            self.exit_loops,
+            "an integer >= 1 or None",
+        )
         check_unit_thresholds(self.q_thresholds, "q_thresholds")
         check_unit_thresholds(self.margin_thresholds, "margin_thresholds")
         check_unit_thresholds(self.ash_eps, "ash_eps", upper=2.0)
@@ -82,16 +101,23 @@ class EvalConfig:
 
 def _check_model(model) -> LoopLM:
     if not isinstance(model, LoopLM):
-        raise ConfigError(f"model of type {type(model).__name__} is invalid: expected a titanloop LoopLM "
-                          "(load one with titanloop.eval.load_model)")
+        raise ConfigError(
+            f"model of type {type(model).__name__} is invalid: expected a titanloop LoopLM "
+            "(load one with titanloop.eval.load_model)"
+        )
     return model
 
 
 def _prepare(model, dataset, cfg: EvalConfig, progress=None):
     model = _check_model(model)
     cfg.validate(model.cfg)
-    batches = eval_batches(dataset, batch_size=cfg.batch_size, max_batches=cfg.max_batches, seq_len=cfg.seq_len,
-                           vocab_size=model.cfg.vocab_size)
+    batches = eval_batches(
+        dataset,
+        batch_size=cfg.batch_size,
+        max_batches=cfg.max_batches,
+        seq_len=cfg.seq_len,
+        vocab_size=model.cfg.vocab_size,
+    )
     n = max(max(cfg.sweep_loops(model.cfg)), cfg.max_exit_loops(model.cfg))
     stats = collect_loop_stats(model, batches, n, chunk_size=cfg.chunk_size, progress=progress)
     return model, batches, stats
@@ -121,16 +147,22 @@ def exit_frontier(model, dataset, cfg: EvalConfig | None = None) -> dict:
 
 
 def _frontier(stats, cfg: EvalConfig, model) -> dict:
-    return exit_frontier_from_stats(stats, cfg.max_exit_loops(model.cfg), q_thresholds=cfg.q_thresholds,
-                                    margin_thresholds=cfg.margin_thresholds, hidden_eps=cfg.hidden_eps,
-                                    ash_eps=cfg.ash_eps, ash_patience=cfg.ash_patience)
+    return exit_frontier_from_stats(
+        stats,
+        cfg.max_exit_loops(model.cfg),
+        q_thresholds=cfg.q_thresholds,
+        margin_thresholds=cfg.margin_thresholds,
+        hidden_eps=cfg.hidden_eps,
+        ash_eps=cfg.ash_eps,
+        ash_patience=cfg.ash_patience,
+    )
 
 
 def _diagnostics(model, batches, stats, cfg: EvalConfig) -> dict:
     t_train = model.cfg.n_loops
     sweep_max = stats.n_loops
     jsrr = cfg.jsrr_loops or sorted({1, min(t_train, sweep_max), min(2 * t_train, sweep_max)})
-    first = {k: (v[:cfg.radial_rows] if v is not None else None) for k, v in batches[0].items()}
+    first = {k: (v[: cfg.radial_rows] if v is not None else None) for k, v in batches[0].items()}
     return {
         "hidden_rms": diag.hidden_norms(stats),
         "radial_gradient_fraction": diag.radial_gradient_fraction(model, first, sweep_max, cfg.chunk_size),

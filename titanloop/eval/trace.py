@@ -16,8 +16,15 @@ import torch
 from titanloop.model import LoopLM, LoopStep
 
 
-def iter_loops(model: LoopLM, input_ids: torch.Tensor, n_loops: int, *, kv_cache=None, position_offset: int = 0,
-               doc_ids: torch.Tensor | None = None) -> Iterator[LoopStep]:
+def iter_loops(
+    model: LoopLM,
+    input_ids: torch.Tensor,
+    n_loops: int,
+    *,
+    kv_cache=None,
+    position_offset: int = 0,
+    doc_ids: torch.Tensor | None = None,
+) -> Iterator[LoopStep]:
     """Yield a LoopStep after each of loops 1..n_loops; the caller may stop early (break)."""
     return model.loops(input_ids, n_loops, doc_ids=doc_ids, kv_cache=kv_cache, position_offset=position_offset)
 

@@ -18,8 +18,7 @@ import tempfile
 import torch
 
 from titanloop.config_errors import ConfigError
-from titanloop.interchange.ouro_hf import (_DTYPES, DEFAULT_MAX_SHARD_BYTES, export_ouro_hf, import_ouro_hf,
-                                           summarize)
+from titanloop.interchange.ouro_hf import _DTYPES, DEFAULT_MAX_SHARD_BYTES, export_ouro_hf, import_ouro_hf, summarize
 from titanloop.model import LoopLM, LoopLMConfig, preset
 
 
@@ -45,13 +44,19 @@ def cmd_inspect(args) -> None:
     s = summarize(args.path)
     c = s["config"]
     print(f"{s['path']}: Ouro LoopLM, {s['n_files']} safetensors file(s), dtype(s) {', '.join(s['dtypes'])}")
-    print(f"  layers={c['n_layers']} hidden={c['hidden_size']} heads={c['n_heads']} "
-          f"kv_heads={c['n_kv_heads'] or c['n_heads']} ffn={c['ffn_hidden_size']} vocab={c['vocab_size']}")
-    print(f"  loops T={c['n_loops']} (max_loops={c['max_loops']}) rope_theta={c['rope_theta']} "
-          f"max_seq_len={c['max_seq_len']} tie_embeddings={c['tie_embeddings']}")
-    print(f"  variants: readout={c['readout']} inter_loop_norm={c['inter_loop_norm']} "
-          f"prelude={c['n_prelude_layers']} coda={c['n_coda_layers']} gated_recurrence={c['gated_recurrence']} "
-          f"per_loop_norm={c['per_loop_norm']}")
+    print(
+        f"  layers={c['n_layers']} hidden={c['hidden_size']} heads={c['n_heads']} "
+        f"kv_heads={c['n_kv_heads'] or c['n_heads']} ffn={c['ffn_hidden_size']} vocab={c['vocab_size']}"
+    )
+    print(
+        f"  loops T={c['n_loops']} (max_loops={c['max_loops']}) rope_theta={c['rope_theta']} "
+        f"max_seq_len={c['max_seq_len']} tie_embeddings={c['tie_embeddings']}"
+    )
+    print(
+        f"  variants: readout={c['readout']} inter_loop_norm={c['inter_loop_norm']} "
+        f"prelude={c['n_prelude_layers']} coda={c['n_coda_layers']} gated_recurrence={c['gated_recurrence']} "
+        f"per_loop_norm={c['per_loop_norm']}"
+    )
     print(f"  parameters: {s['stored_params']:,} stored ({s['stored_params'] / 1e6:.2f}M)")
 
 
@@ -60,8 +65,13 @@ def cmd_export(args) -> None:
     torch.manual_seed(args.seed)
     print(f"building {args.preset} ({cfg.param_count():,} params) ...", file=sys.stderr)
     model = LoopLM(cfg)
-    out = export_ouro_hf(model, args.out, dtype=_DTYPES[args.dtype] if args.dtype else None,
-                         max_shard_bytes=args.max_shard_bytes, allow_variant=args.allow_variant)
+    out = export_ouro_hf(
+        model,
+        args.out,
+        dtype=_DTYPES[args.dtype] if args.dtype else None,
+        max_shard_bytes=args.max_shard_bytes,
+        allow_variant=args.allow_variant,
+    )
     print(f"wrote {out}")
 
 
@@ -78,25 +88,39 @@ def cmd_verify(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m titanloop.interchange",
-                                description="Export/import/inspect LoopLMs as Ouro Hugging Face directories "
-                                            "(config.json model_type 'ouro' + safetensors).")
+    p = argparse.ArgumentParser(
+        prog="python -m titanloop.interchange",
+        description="Export/import/inspect LoopLMs as Ouro Hugging Face directories "
+        "(config.json model_type 'ouro' + safetensors).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     pi = sub.add_parser("inspect", help="print the config summary and parameter count of an Ouro directory")
     pi.add_argument("path")
     pi.set_defaults(fn=cmd_inspect)
     pe = sub.add_parser("export", help="write a freshly initialized preset model as an Ouro directory")
     pe.add_argument("--preset", default="debug-tiny", help="model preset (default debug-tiny)")
-    pe.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a LoopLMConfig field, e.g. --set readout=raw (repeatable)")
+    pe.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a LoopLMConfig field, e.g. --set readout=raw (repeatable)",
+    )
     pe.add_argument("--out", required=True, help="output directory")
     pe.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="tensor dtype (default float32)")
-    pe.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES,
-                    help="split weights into shards above this size (default 5e9, as Hugging Face)")
+    pe.add_argument(
+        "--max-shard-bytes",
+        type=int,
+        default=DEFAULT_MAX_SHARD_BYTES,
+        help="split weights into shards above this size (default 5e9, as Hugging Face)",
+    )
     pe.add_argument("--seed", type=int, default=0)
-    pe.add_argument("--allow-variant", action="store_true",
-                    help="write a variant the Ouro HF code cannot compute (e.g. readout=raw) under model_type "
-                         "'titanloop_looplm' instead of refusing it")
+    pe.add_argument(
+        "--allow-variant",
+        action="store_true",
+        help="write a variant the Ouro HF code cannot compute (e.g. readout=raw) under model_type "
+        "'titanloop_looplm' instead of refusing it",
+    )
     pe.set_defaults(fn=cmd_export)
     pv = sub.add_parser("verify", help="import a directory, re-export it and check the tensors are bitwise equal")
     pv.add_argument("path")

@@ -58,9 +58,18 @@ _OURO_KEYS = {
 }
 _OPTIONAL_OURO_KEYS = {"initializer_range": "init_std"}
 # LoopLMConfig fields with no Ouro key: stored under config.json["titanloop"].
-_TITANLOOP_FIELDS = ("max_loops", "readout", "inter_loop_norm", "n_prelude_layers", "n_coda_layers",
-                     "gated_recurrence", "gate_bias_init", "per_loop_norm", "attention_backend",
-                     "rope_per_document")
+_TITANLOOP_FIELDS = (
+    "max_loops",
+    "readout",
+    "inter_loop_norm",
+    "n_prelude_layers",
+    "n_coda_layers",
+    "gated_recurrence",
+    "gate_bias_init",
+    "per_loop_norm",
+    "attention_backend",
+    "rope_per_document",
+)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -70,7 +79,7 @@ def hf_name(name: str) -> str:
 
 
 def titanloop_name(name: str) -> str:
-    return name[len("model."):] if name.startswith("model.") else name
+    return name[len("model.") :] if name.startswith("model.") else name
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -92,8 +101,10 @@ def ouro_incompatibilities(cfg: LoopLMConfig) -> list[str]:
     if not cfg.inter_loop_norm:
         why.append("inter_loop_norm=false (the Ouro code feeds norm(h_t) into the next loop)")
     if cfg.n_prelude_layers or cfg.n_coda_layers:
-        why.append(f"n_prelude_layers={cfg.n_prelude_layers}, n_coda_layers={cfg.n_coda_layers} (the Ouro code has "
-                   "only the looped stack)")
+        why.append(
+            f"n_prelude_layers={cfg.n_prelude_layers}, n_coda_layers={cfg.n_coda_layers} (the Ouro code has "
+            "only the looped stack)"
+        )
     if cfg.gated_recurrence:
         why.append("gated_recurrence=true (the Ouro code has no recurrence gate)")
     if cfg.per_loop_norm:
@@ -111,29 +122,33 @@ def ouro_config_dict(cfg: LoopLMConfig, dtype: torch.dtype = torch.float32, earl
         d = {"architectures": ["OuroForCausalLM"], "model_type": "ouro"}
     for key, field in _OURO_KEYS.items():
         d[key] = getattr(cfg, field)
-    d.update({
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "initializer_range": cfg.init_std,
-        "early_exit_threshold": early_exit_threshold,
-        "attention_dropout": 0.0,
-        "rope_scaling": None,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": cfg.n_layers,
-        "layer_types": ["full_attention"] * cfg.n_layers,
-        "use_cache": True,
-        "torch_dtype": _dtype_name(dtype),
-        "titanloop": {f: getattr(cfg, f) for f in _TITANLOOP_FIELDS},
-    })
+    d.update(
+        {
+            "head_dim": cfg.head_dim,
+            "hidden_act": "silu",
+            "initializer_range": cfg.init_std,
+            "early_exit_threshold": early_exit_threshold,
+            "attention_dropout": 0.0,
+            "rope_scaling": None,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": cfg.n_layers,
+            "layer_types": ["full_attention"] * cfg.n_layers,
+            "use_cache": True,
+            "torch_dtype": _dtype_name(dtype),
+            "titanloop": {f: getattr(cfg, f) for f in _TITANLOOP_FIELDS},
+        }
+    )
     return d
 
 
 def looplm_config_from_ouro(d: dict, source: str = "config.json") -> LoopLMConfig:
     """LoopLMConfig from an Ouro config.json dict; one-line ConfigError for anything titanloop cannot load."""
     if d.get("model_type") not in MODEL_TYPES:
-        raise ConfigError(f"{source}: model_type={d.get('model_type')!r} is invalid: expected 'ouro' "
-                          f"(an Ouro / OuroForCausalLM checkpoint directory) or {VARIANT_MODEL_TYPE!r}")
+        raise ConfigError(
+            f"{source}: model_type={d.get('model_type')!r} is invalid: expected 'ouro' "
+            f"(an Ouro / OuroForCausalLM checkpoint directory) or {VARIANT_MODEL_TYPE!r}"
+        )
     missing = [k for k in _OURO_KEYS if k not in d and k not in ("num_key_value_heads", "tie_word_embeddings")]
     if missing:
         raise ConfigError(f"{source}: missing key(s) {missing}: an Ouro config.json needs {sorted(_OURO_KEYS)}")
@@ -141,8 +156,10 @@ def looplm_config_from_ouro(d: dict, source: str = "config.json") -> LoopLMConfi
     if act != "silu":
         raise ConfigError(f"{source}: hidden_act={act!r} is invalid: expected 'silu' (SwiGLU)")
     if d.get("rope_scaling"):
-        raise ConfigError(f"{source}: rope_scaling={d['rope_scaling']!r} is invalid: expected null "
-                          "(titanloop implements plain RoPE; change rope_theta instead)")
+        raise ConfigError(
+            f"{source}: rope_scaling={d['rope_scaling']!r} is invalid: expected null "
+            "(titanloop implements plain RoPE; change rope_theta instead)"
+        )
     if d.get("use_sliding_window"):
         raise ConfigError(f"{source}: use_sliding_window=true is invalid: expected false (full attention)")
     fields = {f: d[k] for k, f in {**_OURO_KEYS, **_OPTIONAL_OURO_KEYS}.items() if k in d}
@@ -158,13 +175,16 @@ def looplm_config_from_ouro(d: dict, source: str = "config.json") -> LoopLMConfi
     why = ouro_incompatibilities(cfg)
     if bool(why) != (d["model_type"] == VARIANT_MODEL_TYPE):
         expected = VARIANT_MODEL_TYPE if why else "ouro"
-        raise ConfigError(f"{source}: model_type={d['model_type']!r} is invalid for this model: expected {expected!r}"
-                          + (f" because of {why[0]}" if why else " (no titanloop-only variant is set)")
-                          + f"; set \"model_type\": {expected!r} in config.json if the weights are right")
+        raise ConfigError(
+            f"{source}: model_type={d['model_type']!r} is invalid for this model: expected {expected!r}"
+            + (f" because of {why[0]}" if why else " (no titanloop-only variant is set)")
+            + f'; set "model_type": {expected!r} in config.json if the weights are right'
+        )
     head_dim = d.get("head_dim")
     if head_dim is not None and head_dim != cfg.head_dim:
-        raise ConfigError(f"{source}: head_dim={head_dim} is invalid: expected hidden_size/num_attention_heads="
-                          f"{cfg.head_dim}")
+        raise ConfigError(
+            f"{source}: head_dim={head_dim} is invalid: expected hidden_size/num_attention_heads={cfg.head_dim}"
+        )
     return cfg
 
 
@@ -196,9 +216,15 @@ def _plan_shards(names_sizes: list[tuple[str, int]], max_shard_bytes: int) -> li
     return shards
 
 
-def export_ouro_hf(model: LoopLM, out_dir, *, dtype: torch.dtype | None = None,
-                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, early_exit_threshold: float = 1.0,
-                   allow_variant: bool = False) -> Path:
+def export_ouro_hf(
+    model: LoopLM,
+    out_dir,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    early_exit_threshold: float = 1.0,
+    allow_variant: bool = False,
+) -> Path:
     """Write `model` as an Ouro Hugging Face directory; returns the directory.
 
     A model the Ouro HF code cannot compute (ouro_incompatibilities) is refused with a one-line ConfigError,
@@ -211,10 +237,12 @@ def export_ouro_hf(model: LoopLM, out_dir, *, dtype: torch.dtype | None = None,
         raise ConfigError(f"max_shard_bytes={max_shard_bytes} is invalid: expected a positive byte count")
     why = ouro_incompatibilities(model.cfg)
     if why and not allow_variant:
-        raise ConfigError(f"cannot export as Ouro (model_type 'ouro'): {why[0]}"
-                          + (f" and {len(why) - 1} more" if len(why) > 1 else "")
-                          + f"; pass allow_variant=True (CLI --allow-variant) to write model_type "
-                          f"{VARIANT_MODEL_TYPE!r}, which only titanloop loads")
+        raise ConfigError(
+            f"cannot export as Ouro (model_type 'ouro'): {why[0]}"
+            + (f" and {len(why) - 1} more" if len(why) > 1 else "")
+            + f"; pass allow_variant=True (CLI --allow-variant) to write model_type "
+            f"{VARIANT_MODEL_TYPE!r}, which only titanloop loads"
+        )
     state = _stored_state(model)
     dtype = dtype or model.embed_tokens.weight.dtype
     tensors = {hf_name(n): t.detach().to("cpu", dtype).contiguous() for n, t in state.items()}
@@ -249,8 +277,9 @@ def _write_checkpoint(out: Path, tensors: dict, config: dict, max_shard_bytes: i
             save_file({n: tensors[n] for n in names}, str(out / fname), metadata=metadata)
             weight_map.update({n: fname for n in names})
         total = sum(t.numel() * t.element_size() for t in tensors.values())
-        (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                 indent=2) + "\n")
+        (out / INDEX_FILE).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+        )
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -295,8 +324,10 @@ def check_tensors(cfg: LoopLMConfig, path) -> dict[str, Path]:
             raise ConfigError(f"tensor {name!r} is missing from {path}: expected shape {list(shape)}")
     unexpected = sorted(set(files) - set(expected))
     if unexpected:
-        raise ConfigError(f"tensor {unexpected[0]!r} in {path} is unexpected for this config.json "
-                          f"({len(unexpected)} unexpected in all); check the titanloop variant keys")
+        raise ConfigError(
+            f"tensor {unexpected[0]!r} in {path} is unexpected for this config.json "
+            f"({len(unexpected)} unexpected in all); check the titanloop variant keys"
+        )
     by_file: dict[Path, list[str]] = {}
     for name, f in files.items():
         by_file.setdefault(f, []).append(name)
@@ -305,12 +336,15 @@ def check_tensors(cfg: LoopLMConfig, path) -> dict[str, Path]:
             stored = set(sf.keys())
             for name in names:
                 if name not in stored:
-                    raise ConfigError(f"tensor {name!r} is missing from {f.name} (listed in {INDEX_FILE}): "
-                                      f"expected shape {list(expected[name])}")
+                    raise ConfigError(
+                        f"tensor {name!r} is missing from {f.name} (listed in {INDEX_FILE}): "
+                        f"expected shape {list(expected[name])}"
+                    )
                 shape = tuple(sf.get_slice(name).get_shape())
                 if shape != expected[name]:
-                    raise ConfigError(f"tensor {name!r} in {f.name} has shape {list(shape)}: "
-                                      f"expected {list(expected[name])}")
+                    raise ConfigError(
+                        f"tensor {name!r} in {f.name} has shape {list(shape)}: expected {list(expected[name])}"
+                    )
     return files
 
 
@@ -353,5 +387,11 @@ def summarize(path) -> dict:
                     numel *= s
                 n_stored += numel
                 dtypes.add(sl.get_dtype())
-    return {"path": os.fspath(path), "config": cfg.to_dict(), "stored_params": n_stored,
-            "param_count": cfg.param_count(), "dtypes": sorted(dtypes), "n_files": len(set(files.values()))}
+    return {
+        "path": os.fspath(path),
+        "config": cfg.to_dict(),
+        "stored_params": n_stored,
+        "param_count": cfg.param_count(),
+        "dtypes": sorted(dtypes),
+        "n_files": len(set(files.values())),
+    }

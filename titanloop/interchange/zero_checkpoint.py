@@ -57,21 +57,27 @@ def read_zero_fp32_state(ds_dir, tag: str | None = None) -> dict[str, torch.Tens
     if tag is None and not (path / "latest").is_file() and any(path.glob("*_model_states.pt")):
         path, tag = path.parent, path.name  # a tag folder was given
     if tag is None and not (path / "latest").is_file():
-        raise ConfigError(f"deepspeed checkpoint {str(ds_dir)!r} has no `latest` file and no *_model_states.pt: "
-                          "pass the folder given to save_checkpoint, or one of its tag folders")
+        raise ConfigError(
+            f"deepspeed checkpoint {str(ds_dir)!r} has no `latest` file and no *_model_states.pt: "
+            "pass the folder given to save_checkpoint, or one of its tag folders"
+        )
     from deepspeed.utils import zero_to_fp32
 
     try:
-        with mock.patch.object(zero_to_fp32, "torch", _SafeTorch()), torch.serialization.safe_globals(
-                _allowed_globals()):
+        with (
+            mock.patch.object(zero_to_fp32, "torch", _SafeTorch()),
+            torch.serialization.safe_globals(_allowed_globals()),
+        ):
             state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(path), tag=tag)
     except FileNotFoundError as e:
         raise ConfigError(f"deepspeed checkpoint {str(ds_dir)!r} is incomplete: {e}") from None
     except Exception as e:  # noqa: BLE001 - the unpickler's refusal of a type is a ValueError/UnpicklingError
         if "Unsupported global" in str(e) or "weights_only" in str(e).lower():
-            raise ConfigError(f"deepspeed checkpoint {str(ds_dir)!r} holds a Python type outside the allow-list "
-                              "of titanloop's safe reader; convert it with DeepSpeed's zero_to_fp32.py in a "
-                              "trusted environment and import the resulting weights") from None
+            raise ConfigError(
+                f"deepspeed checkpoint {str(ds_dir)!r} holds a Python type outside the allow-list "
+                "of titanloop's safe reader; convert it with DeepSpeed's zero_to_fp32.py in a "
+                "trusted environment and import the resulting weights"
+            ) from None
         raise
     return {k: v.float() for k, v in state.items()}
 
@@ -89,25 +95,32 @@ def to_looplm_state(state: dict[str, torch.Tensor], model: LoopLM) -> dict[str, 
     live = model.state_dict()
     out = {}
     for name, value in state.items():
-        key = name if name in live else (name[len("model."):] if name.startswith("model.") else name)
+        key = name if name in live else (name[len("model.") :] if name.startswith("model.") else name)
         if key not in live:
-            raise ConfigError(f"deepspeed checkpoint tensor {name!r} is not a parameter of the configured LoopLM: "
-                              "pass the training config of the model that was saved (--config)")
+            raise ConfigError(
+                f"deepspeed checkpoint tensor {name!r} is not a parameter of the configured LoopLM: "
+                "pass the training config of the model that was saved (--config)"
+            )
         if tuple(value.shape) != tuple(live[key].shape):
-            raise ConfigError(f"deepspeed checkpoint tensor {name!r} has shape {tuple(value.shape)}, the configured "
-                              f"LoopLM needs {tuple(live[key].shape)}: pass the matching --config")
+            raise ConfigError(
+                f"deepspeed checkpoint tensor {name!r} has shape {tuple(value.shape)}, the configured "
+                f"LoopLM needs {tuple(live[key].shape)}: pass the matching --config"
+            )
         out[key] = value
     if model.cfg.tie_embeddings and "lm_head.weight" not in out and "embed_tokens.weight" in out:
         out["lm_head.weight"] = out["embed_tokens.weight"]
     missing = sorted(set(live) - set(out))
     if missing:
-        raise ConfigError(f"deepspeed checkpoint lacks {missing[0]!r} ({len(missing)} missing) of the configured "
-                          "LoopLM: pass the training config of the model that was saved (--config)")
+        raise ConfigError(
+            f"deepspeed checkpoint lacks {missing[0]!r} ({len(missing)} missing) of the configured "
+            "LoopLM: pass the training config of the model that was saved (--config)"
+        )
     return out
 
 
-def import_zero_checkpoint(ds_dir, config_path, out_run_dir, tag: str | None = None,
-                           overrides: list[str] | None = None) -> Path:
+def import_zero_checkpoint(
+    ds_dir, config_path, out_run_dir, tag: str | None = None, overrides: list[str] | None = None
+) -> Path:
     """Write the DeepSpeed checkpoint's weights as a titanloop checkpoint in out_run_dir; returns the step dir."""
     # (the trainer's config module imports the model families, which import interchange: only this function, the
     # checkpoint import, needs the trainer, so titanloop.interchange imports without it)
@@ -119,8 +132,13 @@ def import_zero_checkpoint(ds_dir, config_path, out_run_dir, tag: str | None = N
     with torch.no_grad():
         model.load_state_dict(to_looplm_state(read_zero_fp32_state(ds_dir, tag), model), strict=True)
     step = global_step(ds_dir, tag)
-    ckpt = Checkpointer(CheckpointConfig(enable=True, mode="sync"), out_run_dir, {"model": model},
-                        config=cfg.to_dict(), stage=cfg.stage.name or None)
+    ckpt = Checkpointer(
+        CheckpointConfig(enable=True, mode="sync"),
+        out_run_dir,
+        {"model": model},
+        config=cfg.to_dict(),
+        stage=cfg.stage.name or None,
+    )
     ckpt.save(step, sync=True)
     ckpt.close()
     return Path(out_run_dir) / CheckpointConfig.folder / layout.step_dir_name(step)
@@ -128,8 +146,11 @@ def import_zero_checkpoint(ds_dir, config_path, out_run_dir, tag: str | None = N
 
 @cli_errors
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m titanloop.interchange.zero_checkpoint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m titanloop.interchange.zero_checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("ds_dir", help="DeepSpeed checkpoint folder (with `latest`) or one of its tag folders")
     p.add_argument("--config", required=True, help="training config (TOML) of the saved model")
     p.add_argument("--out", required=True, help="run dir to write <out>/checkpoints/step-N into")

@@ -211,8 +211,9 @@ class DocumentMask:
         return self.cu_seqlens.diff().tolist()
 
 
-def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
-                    mask_elements: int | None = None, graph_safe: bool = False) -> str:
+def document_kernel(
+    backend: str, device: torch.device, dtype: torch.dtype, mask_elements: int | None = None, graph_safe: bool = False
+) -> str:
     """Which kernel computes document-masked attention for `backend` (see the module docstring).
     mask_elements: B*S*S, the size the dense mask would have (CPU `auto` uses it when it is small; None
     counts as large). graph_safe: the layers are compiled with fullgraph=True, so CPU `auto` above the
@@ -224,17 +225,23 @@ def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
         return "dense"
     if backend == "varlen":
         if _TORCH_VARLEN is None:
-            raise RuntimeError(f"model.attention_backend='varlen' needs torch.nn.attention.varlen.varlen_attn, "
-                               f"which torch {torch.__version__} lacks: use 'auto'")
+            raise RuntimeError(
+                f"model.attention_backend='varlen' needs torch.nn.attention.varlen.varlen_attn, "
+                f"which torch {torch.__version__} lacks: use 'auto'"
+            )
         if cuda and dtype not in _HALF:
-            raise RuntimeError(f"model.attention_backend='varlen' runs fp16/bf16 on CUDA, got {dtype}: set "
-                               "training.dtype to bf16 (or 'auto'), or use attention_backend 'auto'")
+            raise RuntimeError(
+                f"model.attention_backend='varlen' runs fp16/bf16 on CUDA, got {dtype}: set "
+                "training.dtype to bf16 (or 'auto'), or use attention_backend 'auto'"
+            )
         if not cuda:
             from titanloop.model import varlen_cpu  # (registers CPU kernels: only when a CPU varlen call needs them)
 
             if not varlen_cpu.register():
-                raise RuntimeError(f"model.attention_backend='varlen' on CPU needs the reference kernel of "
-                                   f"titanloop.model.varlen_cpu: {varlen_cpu.unavailable_reason()}; use 'auto'")
+                raise RuntimeError(
+                    f"model.attention_backend='varlen' on CPU needs the reference kernel of "
+                    f"titanloop.model.varlen_cpu: {varlen_cpu.unavailable_reason()}; use 'auto'"
+                )
         return "varlen"
     if backend == "flash" and cuda and _flash_attn_varlen_func is None:
         raise RuntimeError("attention_backend='flash' needs flash-attn: pip install 'titanloop[gpu]' or use 'auto'")
@@ -256,8 +263,9 @@ def document_kernel(backend: str, device: torch.device, dtype: torch.dtype,
     return "sdpa_per_doc"
 
 
-def document_mask(doc_ids: torch.Tensor, backend: str, dtype: torch.dtype,
-                  kernel: str | None = None, graph_safe: bool = False) -> "DocumentMask | torch.Tensor":
+def document_mask(
+    doc_ids: torch.Tensor, backend: str, dtype: torch.dtype, kernel: str | None = None, graph_safe: bool = False
+) -> "DocumentMask | torch.Tensor":
     """The document mask for one forward over doc_ids [B, S]: a DocumentMask, or the dense boolean mask
     [B, 1, S, S] when the kernel is 'dense'. `kernel` overrides the choice document_kernel makes;
     graph_safe: the layers are compiled with fullgraph=True (see document_kernel)."""
@@ -299,8 +307,14 @@ def _flex(q, k, v, block_mask, gqa):
 def _flash_varlen(q, k, v, mask: DocumentMask):
     b, _, s, d = q.shape
     flat = [x.transpose(1, 2).reshape(b * s, x.shape[1], d) for x in (q, k, v)]  # [B*S, heads, D]
-    out = _flash_attn_varlen_func(*flat, cu_seqlens_q=mask.cu_seqlens, cu_seqlens_k=mask.cu_seqlens,
-                                  max_seqlen_q=mask.max_seqlen, max_seqlen_k=mask.max_seqlen, causal=True)
+    out = _flash_attn_varlen_func(
+        *flat,
+        cu_seqlens_q=mask.cu_seqlens,
+        cu_seqlens_k=mask.cu_seqlens,
+        max_seqlen_q=mask.max_seqlen,
+        max_seqlen_k=mask.max_seqlen,
+        causal=True,
+    )
     return out.view(b, s, -1, d).transpose(1, 2)
 
 
@@ -322,8 +336,10 @@ def _sdpa_per_doc(q, k, v, mask: DocumentMask, gqa: bool):
     b, _, s, d = q.shape
     flat = [x.transpose(0, 1).reshape(x.shape[1], b * s, d) for x in (q, k, v)]  # [heads, B*S, D]
     bounds = mask.cu_seqlens.tolist()
-    outs = [F.scaled_dot_product_attention(*(x[:, lo:hi] for x in flat), is_causal=True, enable_gqa=gqa)
-            for lo, hi in zip(bounds[:-1], bounds[1:])]
+    outs = [
+        F.scaled_dot_product_attention(*(x[:, lo:hi] for x in flat), is_causal=True, enable_gqa=gqa)
+        for lo, hi in zip(bounds[:-1], bounds[1:])
+    ]
     return torch.cat(outs, dim=1).view(-1, b, s, d).transpose(0, 1)
 
 
@@ -339,8 +355,9 @@ def _document_attention(q, k, v, mask: DocumentMask) -> torch.Tensor:
     return _sdpa_per_doc(q, k, v, mask, gqa)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: "torch.Tensor | DocumentMask | None",
-              backend: str = "auto") -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: "torch.Tensor | DocumentMask | None", backend: str = "auto"
+) -> torch.Tensor:
     """Causal attention. q: [B, H, Sq, D]; k, v: [B, Hkv, Sk, D]; mask: a DocumentMask (Sq == Sk), a bool
     [B|1, 1, Sq, Sk] (True = attend) or None for plain causal attention with Sq == Sk. Returns [B, H, Sq, D]."""
     if isinstance(mask, DocumentMask):

@@ -68,18 +68,38 @@ class LoopLMConfig:
             require(int(getattr(self, name)) >= 1, name, getattr(self, name), "an integer >= 1")
         require(self.n_loops >= 1, "n_loops", self.n_loops, "an integer >= 1 (T, the number of loops)")
         require(self.max_loops >= self.n_loops, "max_loops", self.max_loops, f"an integer >= n_loops={self.n_loops}")
-        require(self.hidden_size % self.n_heads == 0, "n_heads", self.n_heads,
-                f"a divisor of hidden_size={self.hidden_size}")
-        require((self.hidden_size // self.n_heads) % 2 == 0, "n_heads", self.n_heads,
-                f"a value making head_dim=hidden_size/n_heads even (RoPE); hidden_size={self.hidden_size}")
-        require(1 <= self.kv_heads <= self.n_heads and self.n_heads % self.kv_heads == 0, "n_kv_heads",
-                self.n_kv_heads, f"a divisor of n_heads={self.n_heads} (or null for MHA)")
+        require(
+            self.hidden_size % self.n_heads == 0,
+            "n_heads",
+            self.n_heads,
+            f"a divisor of hidden_size={self.hidden_size}",
+        )
+        require(
+            (self.hidden_size // self.n_heads) % 2 == 0,
+            "n_heads",
+            self.n_heads,
+            f"a value making head_dim=hidden_size/n_heads even (RoPE); hidden_size={self.hidden_size}",
+        )
+        require(
+            1 <= self.kv_heads <= self.n_heads and self.n_heads % self.kv_heads == 0,
+            "n_kv_heads",
+            self.n_kv_heads,
+            f"a divisor of n_heads={self.n_heads} (or null for MHA)",
+        )
         require(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive RoPE base")
         require(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
-        require(self.embed_init_std is None or self.embed_init_std > 0, "embed_init_std", self.embed_init_std,
-                "a positive std (or null for init_std)")
-        require(self.embed_init_std is None or not self.tie_embeddings, "embed_init_std", self.embed_init_std,
-                "null when tie_embeddings = true (the tied LM head would start at that scale too)")
+        require(
+            self.embed_init_std is None or self.embed_init_std > 0,
+            "embed_init_std",
+            self.embed_init_std,
+            "a positive std (or null for init_std)",
+        )
+        require(
+            self.embed_init_std is None or not self.tie_embeddings,
+            "embed_init_std",
+            self.embed_init_std,
+            "null when tie_embeddings = true (the tied LM head would start at that scale too)",
+        )
         require_choice(self.readout, "readout", READOUTS)
         require_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         require(self.n_prelude_layers >= 0, "n_prelude_layers", self.n_prelude_layers, "an integer >= 0")
@@ -122,8 +142,14 @@ class LoopLMConfig:
             n += head  # the LM head is a matmul per token, count it as compute-bearing
         return n
 
-    def flops_per_token(self, seq_len: int, n_loops: int | None = None, readouts: int | None = None,
-                        training: bool = True, doc_lengths=None) -> float:
+    def flops_per_token(
+        self,
+        seq_len: int,
+        n_loops: int | None = None,
+        readouts: int | None = None,
+        training: bool = True,
+        doc_lengths=None,
+    ) -> float:
         """Model FLOPs per token: THE count behind MFU in the training metrics, the benchmarks and gpu_check.
 
         Matmuls only (the standard 6N + attention accounting, PaLM appendix B), with attention counted over
@@ -165,8 +191,17 @@ def attended_keys_per_token(seq_len: int, doc_lengths=None) -> float:
 
 
 def _ouro(n_layers: int) -> LoopLMConfig:
-    return LoopLMConfig(vocab_size=49152, hidden_size=2048, n_heads=16, ffn_hidden_size=5632,
-                        n_layers=n_layers, n_loops=4, max_seq_len=65536, rope_theta=10000.0, norm_eps=1e-6)
+    return LoopLMConfig(
+        vocab_size=49152,
+        hidden_size=2048,
+        n_heads=16,
+        ffn_hidden_size=5632,
+        n_layers=n_layers,
+        n_loops=4,
+        max_seq_len=65536,
+        rope_theta=10000.0,
+        norm_eps=1e-6,
+    )
 
 
 PRESETS = {
@@ -174,10 +209,26 @@ PRESETS = {
     "ouro-1.4b": lambda: _ouro(24),
     "ouro-2.6b": lambda: _ouro(48),
     # Tiny sizes that train on a CPU in seconds.
-    "debug-tiny": lambda: LoopLMConfig(vocab_size=512, hidden_size=64, n_heads=4, ffn_hidden_size=176,
-                                       n_layers=2, n_loops=4, max_loops=16, max_seq_len=2048),
-    "debug-small": lambda: LoopLMConfig(vocab_size=2048, hidden_size=128, n_heads=4, ffn_hidden_size=344,
-                                        n_layers=4, n_loops=4, max_loops=16, max_seq_len=4096),
+    "debug-tiny": lambda: LoopLMConfig(
+        vocab_size=512,
+        hidden_size=64,
+        n_heads=4,
+        ffn_hidden_size=176,
+        n_layers=2,
+        n_loops=4,
+        max_loops=16,
+        max_seq_len=2048,
+    ),
+    "debug-small": lambda: LoopLMConfig(
+        vocab_size=2048,
+        hidden_size=128,
+        n_heads=4,
+        ffn_hidden_size=344,
+        n_layers=4,
+        n_loops=4,
+        max_loops=16,
+        max_seq_len=4096,
+    ),
 }
 
 

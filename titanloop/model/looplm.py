@@ -28,8 +28,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from titanloop.config_errors import require
-from titanloop.model.attention import (apply_rope, attention, causal_mask, document_mask, document_positions,
-                                      rope_cos_sin)
+from titanloop.model.attention import (
+    apply_rope,
+    attention,
+    causal_mask,
+    document_mask,
+    document_positions,
+    rope_cos_sin,
+)
 from titanloop.model.config import LoopLMConfig
 from titanloop.model.init import draw_seed
 from titanloop.model.init import init_parameters
@@ -78,6 +84,7 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
+
     def __init__(self, cfg: LoopLMConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
@@ -90,6 +97,7 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Sandwich RMSNorm: h += norm2(attn(norm1(h))); h += norm2'(mlp(norm1'(h)))."""
+
     def __init__(self, cfg: LoopLMConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -108,6 +116,7 @@ class DecoderLayer(nn.Module):
 @dataclass
 class LoopLMOutput:
     """What one forward returns, per loop t = 1..T (index t-1)."""
+
     readouts: list[torch.Tensor]  # [B, S, H] each: what the shared LM head decodes at loop t
     states: list[torch.Tensor]  # [B, S, H] each: raw hidden state H_t after loop t (scale diagnostics)
     gate_logits: torch.Tensor  # [T, B, S]: exit-gate logits, λ_t = sigmoid(gate_logits[t-1])
@@ -123,6 +132,7 @@ class LoopLMOutput:
 @dataclass
 class LoopStep:
     """One loop t of a forward, as `LoopLM.loops` yields it (t = 1..T)."""
+
     t: int  # 1-based loop index
     loop_input: torch.Tensor  # [B, S, H] x_{t-1}: the input this loop received (JSRR linearizes Φ here)
     state: torch.Tensor  # [B, S, H] raw hidden state H_t after the looped block
@@ -149,8 +159,9 @@ class LoopLM(nn.Module):
         self.norm = RMSNorm(h, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(h, 1, bias=True)
         self.recurrence_gate = nn.Linear(2 * h, h, bias=True) if cfg.gated_recurrence else None
-        self.loop_norms = (nn.ModuleList(RMSNorm(h, cfg.norm_eps) for _ in range(cfg.max_loops))
-                           if cfg.per_loop_norm else None)
+        self.loop_norms = (
+            nn.ModuleList(RMSNorm(h, cfg.norm_eps) for _ in range(cfg.max_loops)) if cfg.per_loop_norm else None
+        )
         self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -193,8 +204,15 @@ class LoopLM(nn.Module):
             positions = torch.arange(offset, offset + seq_len, device=device)
         return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)
 
-    def rope_and_mask(self, input_ids: torch.Tensor, *, doc_ids: torch.Tensor | None = None,
-                      positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0):
+    def rope_and_mask(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache=None,
+        position_offset: int = 0,
+    ):
         """RoPE cos/sin tables and the attention mask for one forward over input_ids: None (plain causal), a
         DocumentMask (document boundaries, no dense mask) or a dense boolean mask (attention_backend 'sdpa',
         or decoding with a cache)."""
@@ -253,8 +271,16 @@ class LoopLM(nn.Module):
         return x
 
     # ----- forward ----------------------------------------------------------------------------
-    def loops(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
-              positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0) -> Iterator[LoopStep]:
+    def loops(
+        self,
+        input_ids: torch.Tensor,
+        n_loops: int | None = None,
+        *,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache=None,
+        position_offset: int = 0,
+    ) -> Iterator[LoopStep]:
         """The loop over t = 1..T, yielding a LoopStep after each loop; the caller may stop early (break).
         `forward`, evaluation (titanloop.eval.trace) and early exit all run the model through this loop.
 
@@ -265,10 +291,15 @@ class LoopLM(nn.Module):
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
         if self.loop_norms is not None:
-            require(t_total <= len(self.loop_norms), "n_loops", t_total,
-                    f"<= max_loops={len(self.loop_norms)} when per_loop_norm is on")
-        cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache,
-                                            position_offset=position_offset)
+            require(
+                t_total <= len(self.loop_norms),
+                "n_loops",
+                t_total,
+                f"<= max_loops={len(self.loop_norms)} when per_loop_norm is on",
+            )
+        cos, sin, mask = self.rope_and_mask(
+            input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
+        )
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
         for t in range(t_total):
@@ -276,14 +307,30 @@ class LoopLM(nn.Module):
             pre = self.head_input(h, t, cos, sin, mask, kv_cache)
             normed = self.norm(pre)
             nxt = self.next_loop_input(h, normed)
-            yield LoopStep(t=t + 1, loop_input=x, state=h, pre=pre, normed=normed,
-                           exit_readout=self.readout(pre, normed, t, t + 1),
-                           gate_logit=self.early_exit_gate(normed).squeeze(-1), next_input=nxt)
+            yield LoopStep(
+                t=t + 1,
+                loop_input=x,
+                state=h,
+                pre=pre,
+                normed=normed,
+                exit_readout=self.readout(pre, normed, t, t + 1),
+                gate_logit=self.early_exit_gate(normed).squeeze(-1),
+                next_input=nxt,
+            )
             x = nxt
 
-    def forward(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0,
-                return_logits: str | None = None, exit_readouts: bool = False) -> LoopLMOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        n_loops: int | None = None,
+        *,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache=None,
+        position_offset: int = 0,
+        return_logits: str | None = None,
+        exit_readouts: bool = False,
+    ) -> LoopLMOutput:
         """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits (arguments as
         in `loops`). return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models).
         exit_readouts: readouts[t] is what the model decodes when it stops at loop t (LoopStep.exit_readout, as
@@ -291,14 +338,16 @@ class LoopLM(nn.Module):
         readout='final_only_norm'); validation during training uses it."""
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         readouts, states, gates, x, last_input = [], [], [], None, None
-        for s in self.loops(input_ids, t_total, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache,
-                            position_offset=position_offset):
+        for s in self.loops(
+            input_ids, t_total, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
+        ):
             readouts.append(s.exit_readout if exit_readouts else self.readout(s.pre, s.normed, s.t - 1, t_total))
             states.append(s.state)
             gates.append(s.gate_logit)
             x, last_input = s.next_input, s.loop_input
-        out = LoopLMOutput(readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x,
-                           last_input=last_input)
+        out = LoopLMOutput(
+            readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x, last_input=last_input
+        )
         if return_logits == "last":
             out.logits = self.lm_head(readouts[-1])
         elif return_logits == "all":

@@ -22,10 +22,35 @@ from __future__ import annotations
 import torch
 
 _REGISTERED = False
-_FWD_ARGS = ("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal", "scale",
-             "window_size", "enable_gqa")
-_BWD_ARGS = ("grad_out", "query", "key", "value", "out", "lse", "cu_seq_q", "cu_seq_k", "max_q", "max_k",
-             "is_causal", "rng_state", "scale", "window_size")
+_FWD_ARGS = (
+    "query",
+    "key",
+    "value",
+    "cu_seq_q",
+    "cu_seq_k",
+    "max_q",
+    "max_k",
+    "is_causal",
+    "scale",
+    "window_size",
+    "enable_gqa",
+)
+_BWD_ARGS = (
+    "grad_out",
+    "query",
+    "key",
+    "value",
+    "out",
+    "lse",
+    "cu_seq_q",
+    "cu_seq_k",
+    "max_q",
+    "max_k",
+    "is_causal",
+    "rng_state",
+    "scale",
+    "window_size",
+)
 
 
 def _op(name: str):
@@ -39,7 +64,7 @@ def _op(name: str):
 
 def _schema_ok(op, names: tuple[str, ...]) -> bool:
     have = [a.name for a in op._schema.arguments]
-    return have[:len(names)] == list(names)
+    return have[: len(names)] == list(names)
 
 
 def unavailable_reason() -> str | None:
@@ -48,8 +73,10 @@ def unavailable_reason() -> str | None:
     if fwd is None or bwd is None:
         return f"torch {torch.__version__} has no torch_attn::_varlen_attn op (torch.nn.attention.varlen)"
     if not (_schema_ok(fwd, _FWD_ARGS) and _schema_ok(bwd, _BWD_ARGS)):
-        return (f"torch {torch.__version__}'s torch_attn::_varlen_attn has another schema than the one this "
-                "kernel implements (torch 2.14)")
+        return (
+            f"torch {torch.__version__}'s torch_attn::_varlen_attn has another schema than the one this "
+            "kernel implements (torch 2.14)"
+        )
     return None
 
 
@@ -77,8 +104,22 @@ def _heads_first(x: torch.Tensor, lo: int, hi: int, rep: int = 1) -> torch.Tenso
     return x.unsqueeze(0)
 
 
-def _forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None, window_size=None,
-             enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+def _forward(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    is_causal=False,
+    scale=None,
+    window_size=None,
+    enable_gqa=False,
+    seqused_k=None,
+    block_table=None,
+    num_splits=None,
+):
     if seqused_k is not None or block_table is not None:
         raise NotImplementedError("varlen_cpu: seqused_k / block_table (paged KV cache) have no CPU kernel here")
     causal = _causal(is_causal, window_size)
@@ -88,15 +129,34 @@ def _forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=Fals
     lse = torch.zeros(query.shape[1], query.shape[0], dtype=torch.float32, device=query.device)
     for (lo, hi), (klo, khi) in zip(_docs(cu_seq_q), _docs(cu_k)):
         o, l_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _heads_first(query, lo, hi), _heads_first(key, klo, khi, rep), _heads_first(value, klo, khi, rep),
-            0.0, causal, scale=scale)
+            _heads_first(query, lo, hi),
+            _heads_first(key, klo, khi, rep),
+            _heads_first(value, klo, khi, rep),
+            0.0,
+            causal,
+            scale=scale,
+        )
         out[lo:hi] = o[0].transpose(0, 1)
         lse[:, lo:hi] = l_[0].float()
     return out, lse, torch.zeros(2, dtype=torch.uint64, device=query.device)
 
 
-def _backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, rng_state,
-              scale=None, window_size=None):
+def _backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    lse,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    is_causal,
+    rng_state,
+    scale=None,
+    window_size=None,
+):
     causal = _causal(is_causal, window_size)
     rep = query.shape[1] // key.shape[1]
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
@@ -105,8 +165,16 @@ def _backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, 
         k_, v_ = _heads_first(key, klo, khi, rep), _heads_first(value, klo, khi, rep)
         l_ = lse[:, lo:hi].unsqueeze(0).to(torch.float32)
         gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            g.contiguous(), q_.contiguous(), k_.contiguous(), v_.contiguous(), o.contiguous(), l_.contiguous(),
-            0.0, causal, scale=scale)
+            g.contiguous(),
+            q_.contiguous(),
+            k_.contiguous(),
+            v_.contiguous(),
+            o.contiguous(),
+            l_.contiguous(),
+            0.0,
+            causal,
+            scale=scale,
+        )
         dq[lo:hi] = gq[0].transpose(0, 1)
         # GQA: a kv head's gradient sums over the query heads of its group
         dk[klo:khi] = gk[0].unflatten(0, (key.shape[1], rep)).sum(1).transpose(0, 1)

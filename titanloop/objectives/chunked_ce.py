@@ -56,10 +56,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         hidden, weight, safe_t, valid, lse = ctx.saved_tensors
         n = hidden.shape[0]
-        g = (grad_loss.float() * valid.float())
+        g = grad_loss.float() * valid.float()
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1]
-                  else None)
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
         for s in range(0, n, ctx.chunk_size):
             e = min(n, s + ctx.chunk_size)
             # d loss / d logits = (softmax - onehot) * g, formed in place in the one [chunk, V] buffer
@@ -123,8 +124,14 @@ class _WeightedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total, _grad_loss):
         grad_h, grad_w, loss = ctx.saved_tensors
         scale = grad_total.float()
-        return (_scaled(grad_h, scale, ctx.chunk_size), _scaled(grad_w, scale, ctx.chunk_size),
-                None if loss is None else loss * scale, None, None, None)
+        return (
+            _scaled(grad_h, scale, ctx.chunk_size),
+            _scaled(grad_w, scale, ctx.chunk_size),
+            None if loss is None else loss * scale,
+            None,
+            None,
+            None,
+        )
 
 
 def _scaled(x: torch.Tensor | None, scale: torch.Tensor, chunk_size: int) -> torch.Tensor | None:
@@ -134,30 +141,39 @@ def _scaled(x: torch.Tensor | None, scale: torch.Tensor, chunk_size: int) -> tor
         return None if x is None else x * scale
     out = torch.empty_like(x)
     for s in range(0, x.shape[0], chunk_size):
-        out[s:s + chunk_size] = x[s:s + chunk_size].float() * scale
+        out[s : s + chunk_size] = x[s : s + chunk_size].float() * scale
     return out
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_size: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """hidden [..., H], weight [V, H], targets [...] -> per-token CE [...] in fp32."""
     require(chunk_size >= 1, "chunk_size", chunk_size, "an integer >= 1")
     shape = targets.shape
-    loss = _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
-                                     int(chunk_size), ignore_index)
+    loss = _LinearCrossEntropy.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), int(chunk_size), ignore_index
+    )
     return loss.view(shape)
 
 
-def dense_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                        ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def dense_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
     """The unchunked reference: materializes [..., V] logits. Used by tests and the naive benchmark row."""
     logits = (hidden @ weight.t()).float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             reduction="none", ignore_index=ignore_index).view(targets.shape)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none", ignore_index=ignore_index
+    ).view(targets.shape)
 
 
-def per_loop_cross_entropy(readouts, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096,
-                           ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def per_loop_cross_entropy(
+    readouts, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
     """L^(t) per token for every loop: readouts is a list of [B, S, H]; returns [T, B, S] fp32.
 
     One call over the stacked loops, so the LM-head gradient is formed once rather than once per loop
@@ -168,9 +184,14 @@ def per_loop_cross_entropy(readouts, weight: torch.Tensor, targets: torch.Tensor
     return linear_cross_entropy(stacked, weight, targets.expand(stacked.shape[:-1]), chunk_size, ignore_index)
 
 
-def fused_per_loop_cross_entropy(readouts, weight: torch.Tensor, targets: torch.Tensor, loop_weights: torch.Tensor,
-                                 chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_per_loop_cross_entropy(
+    readouts,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    loop_weights: torch.Tensor,
+    chunk_size: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ_t,b,s w[t,b,s] L^(t)[b,s], L) for readouts, a list of T [B, S, H], and loop_weights [T, B, S].
 
     Returns the fp32 scalar, differentiable w.r.t. the readouts, the LM head and loop_weights, and the per-loop
@@ -179,10 +200,19 @@ def fused_per_loop_cross_entropy(readouts, weight: torch.Tensor, targets: torch.
     require(chunk_size >= 1, "chunk_size", chunk_size, "an integer >= 1")
     stacked = torch.stack(list(readouts))
     shape = stacked.shape[:-1]
-    require(tuple(loop_weights.shape) == tuple(shape), "loop_weights", tuple(loop_weights.shape),
-            f"the shape [T, B, S] = {list(shape)} of the stacked readouts")
+    require(
+        tuple(loop_weights.shape) == tuple(shape),
+        "loop_weights",
+        tuple(loop_weights.shape),
+        f"the shape [T, B, S] = {list(shape)} of the stacked readouts",
+    )
     chunk_size = min(chunk_size, max(1, targets.numel()))
-    total, loss = _WeightedLinearCrossEntropy.apply(stacked.reshape(-1, stacked.shape[-1]), weight,
-                                                    loop_weights.reshape(-1), targets.expand(shape).reshape(-1),
-                                                    int(chunk_size), ignore_index)
+    total, loss = _WeightedLinearCrossEntropy.apply(
+        stacked.reshape(-1, stacked.shape[-1]),
+        weight,
+        loop_weights.reshape(-1),
+        targets.expand(shape).reshape(-1),
+        int(chunk_size),
+        ignore_index,
+    )
     return total, loss.view(shape)

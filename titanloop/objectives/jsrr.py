@@ -44,8 +44,10 @@ def jsrr_target(model, out, input_ids, doc_ids, n_loops: int):
 def jsrr_probes(shape, sample_ids: torch.Tensor, seed: int) -> torch.Tensor:
     """[B, *shape[1:]] fp32 N(0, I) directions on CPU, row i drawn from a generator seeded with (seed,
     sample_ids[i]) only: independent of the rank, the world size and the batch a sample lands in."""
-    rows = [np.random.default_rng([int(seed), int(sid)]).standard_normal(tuple(shape[1:]), dtype=np.float32)
-            for sid in sample_ids.tolist()]
+    rows = [
+        np.random.default_rng([int(seed), int(sid)]).standard_normal(tuple(shape[1:]), dtype=np.float32)
+        for sid in sample_ids.tolist()
+    ]
     return torch.from_numpy(np.stack(rows))
 
 
@@ -61,8 +63,9 @@ def jsrr_loss(phi, x: torch.Tensor, probes: torch.Tensor, power_steps: int = 1) 
     return j.float().flatten(1).pow(2).sum(1).mean()
 
 
-def spectral_radius_estimate(phi, x: torch.Tensor, power_steps: int = 10,
-                             generator: torch.Generator | None = None) -> torch.Tensor:
+def spectral_radius_estimate(
+    phi, x: torch.Tensor, power_steps: int = 10, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per-sample ρ(J) estimate ‖J v‖ after `power_steps` iterations (diagnostics, no grad)."""
     with torch.no_grad():
         v = _unit_per_sample(torch.randn(x.shape, generator=generator).to(x.device, x.dtype))

@@ -33,8 +33,12 @@ class LoopSamplerConfig:
         require_choice(self.kind, "loop_sampler.kind", SAMPLERS)
         require(self.n_loops >= 1, "loop_sampler.n_loops", self.n_loops, "an integer >= 1")
         require(self.min_sampled >= 1, "loop_sampler.min_sampled", self.min_sampled, "an integer >= 1")
-        require(self.min_sampled <= self.max_sampled, "loop_sampler.min_sampled", self.min_sampled,
-                f"<= loop_sampler.max_sampled={self.max_sampled}")
+        require(
+            self.min_sampled <= self.max_sampled,
+            "loop_sampler.min_sampled",
+            self.min_sampled,
+            f"<= loop_sampler.max_sampled={self.max_sampled}",
+        )
         require(self.sigma > 0, "loop_sampler.sigma", self.sigma, "a value > 0")
         require(self.rate > 0, "loop_sampler.rate", self.rate, "a value > 0")
 

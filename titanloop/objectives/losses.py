@@ -85,8 +85,14 @@ def geometric_prior(n_loops: int, eta: float, device=None) -> torch.Tensor:
     return w / w.sum()
 
 
-def stage1_loss(ce: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor, beta: float,
-                prior: str = "uniform", eta: float = 0.5) -> tuple[torch.Tensor, dict]:
+def stage1_loss(
+    ce: torch.Tensor,
+    gate_logits: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    prior: str = "uniform",
+    eta: float = 0.5,
+) -> tuple[torch.Tensor, dict]:
     """Ouro Stage I: per token Σ_t p(t) L^(t) − β H(p) (uniform prior, eq. 4) or + β KL(p‖π) (geometric)."""
     log_p = exit_log_probs(gate_logits)
     p = log_p.exp()
@@ -94,8 +100,11 @@ def stage1_loss(ce: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor,
     entropy = exit_entropy(log_p)
     reg = _stage1_regularizer(log_p, entropy, prior, eta)
     loss = masked_mean(expected + beta * reg, mask)
-    stats = {"expected_ce": masked_mean(expected, mask).detach(), "gate_entropy": masked_mean(entropy, mask).detach(),
-             "exit_prob": masked_mean(p, mask).detach()}
+    stats = {
+        "expected_ce": masked_mean(expected, mask).detach(),
+        "gate_entropy": masked_mean(entropy, mask).detach(),
+        "exit_prob": masked_mean(p, mask).detach(),
+    }
     return loss, stats
 
 
@@ -107,8 +116,9 @@ def _stage1_regularizer(log_p: torch.Tensor, entropy: torch.Tensor, prior: str, 
     return (log_p.exp() * (log_p - log_pi)).sum(0)
 
 
-def stage1_linear_terms(gate_logits: torch.Tensor, mask: torch.Tensor, beta: float, prior: str = "uniform",
-                        eta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+def stage1_linear_terms(
+    gate_logits: torch.Tensor, mask: torch.Tensor, beta: float, prior: str = "uniform", eta: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage I as Σ_t,b,s w L^(t) + r: w = p(t) / n_valid [T, B, S] (0 on ignored tokens) and r = β times the
     mean regularizer (scalar), both differentiable w.r.t. the gate logits. stage1_loss(ce, ...) equals
     (w * ce).sum() + r within rounding; the fused readout needs w before the CE exists."""
@@ -117,8 +127,9 @@ def stage1_linear_terms(gate_logits: torch.Tensor, mask: torch.Tensor, beta: flo
     return log_p.exp() * token_weights(mask), masked_mean(beta * reg, mask)
 
 
-def stage2_gate_loss(ce: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor, k: float = 50.0,
-                     gamma: float = 0.005) -> torch.Tensor:
+def stage2_gate_loss(
+    ce: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor, k: float = 50.0, gamma: float = 0.005
+) -> torch.Tensor:
     """Ouro Stage II adaptive exit loss (eqs. 5–6): the LM losses are detached, only the gate learns.
 
     I^(t) = max(0, L^(t-1) − L^(t)); w^(t) = σ(k (I^(t) − γ));

@@ -22,8 +22,15 @@ import torch
 from titanloop.objectives.chunked_ce import IGNORE_INDEX, fused_per_loop_cross_entropy, per_loop_cross_entropy
 from titanloop.objectives.exit_distribution import exit_entropy, exit_log_probs
 from titanloop.objectives.jsrr import jsrr_loss
-from titanloop.objectives.losses import (ObjectiveConfig, dense_loop_coefficients, masked_mean, scale_penalty,
-                                         stage1_linear_terms, stage2_gate_loss, token_weights)
+from titanloop.objectives.losses import (
+    ObjectiveConfig,
+    dense_loop_coefficients,
+    masked_mean,
+    scale_penalty,
+    stage1_linear_terms,
+    stage2_gate_loss,
+    token_weights,
+)
 
 
 def loop_statistics(ce: torch.Tensor, gate_logits: torch.Tensor, states, mask: torch.Tensor) -> dict:
@@ -31,8 +38,12 @@ def loop_statistics(ce: torch.Tensor, gate_logits: torch.Tensor, states, mask: t
     with torch.no_grad():
         log_p = exit_log_probs(gate_logits)
         rms = torch.stack([masked_mean(s.detach().float().pow(2).mean(-1).sqrt(), mask) for s in states])
-        return {"ce": masked_mean(ce.detach(), mask), "exit_prob": masked_mean(log_p.exp(), mask),
-                "gate_entropy": masked_mean(exit_entropy(log_p), mask), "hidden_rms": rms}
+        return {
+            "ce": masked_mean(ce.detach(), mask),
+            "exit_prob": masked_mean(log_p.exp(), mask),
+            "gate_entropy": masked_mean(exit_entropy(log_p), mask),
+            "hidden_rms": rms,
+        }
 
 
 def _ce_weights(cfg: ObjectiveConfig, gate_logits: torch.Tensor, mask: torch.Tensor, n_loops: int):
@@ -48,9 +59,17 @@ def _ce_weights(cfg: ObjectiveConfig, gate_logits: torch.Tensor, mask: torch.Ten
     return coef.view(-1, 1, 1) * tok, 0.0
 
 
-def loop_objective(cfg: ObjectiveConfig, readouts, states, gate_logits: torch.Tensor, labels: torch.Tensor,
-                   lm_head_weight: torch.Tensor, jsrr_map=None, jsrr_state: torch.Tensor | None = None,
-                   jsrr_probes: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def loop_objective(
+    cfg: ObjectiveConfig,
+    readouts,
+    states,
+    gate_logits: torch.Tensor,
+    labels: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    jsrr_map=None,
+    jsrr_state: torch.Tensor | None = None,
+    jsrr_probes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Scalar fp32 loss and statistics for one micro-batch.
 
     readouts/states: lists of [B, S, H] (one per loop); gate_logits [T, B, S]; labels [B, S] (-100 ignored).
@@ -73,8 +92,13 @@ def loop_objective(cfg: ObjectiveConfig, readouts, states, gate_logits: torch.Te
         loss = loss + rest
         if cfg.name == "final_only":  # statistics of the loops that were not decoded
             with torch.no_grad():
-                ce = torch.cat([per_loop_cross_entropy(readouts[:-1], lm_head_weight, labels, cfg.ce_chunk_size),
-                                ce.detach()]) if len(readouts) > 1 else ce.detach()
+                ce = (
+                    torch.cat(
+                        [per_loop_cross_entropy(readouts[:-1], lm_head_weight, labels, cfg.ce_chunk_size), ce.detach()]
+                    )
+                    if len(readouts) > 1
+                    else ce.detach()
+                )
     if cfg.scale_penalty > 0:
         loss = loss + scale_penalty(states, mask, cfg.scale_penalty)
     stats = loop_statistics(ce, gate_logits, states, mask)

@@ -24,14 +24,24 @@ from titanloop.objectives.chunked_ce import IGNORE_INDEX, fused_per_loop_cross_e
 from titanloop.objectives.exit_distribution import exit_probs
 
 
-def check_fused_readout(device="cuda", dtype=torch.bfloat16, loops: int = 4, batch: int = 2, seq_len: int = 2048,
-                        hidden: int = 2048, vocab: int = 49152, chunk_size: int = 4096, repeats: int = 5,
-                        seed: int = 0) -> dict:
+def check_fused_readout(
+    device="cuda",
+    dtype=torch.bfloat16,
+    loops: int = 4,
+    batch: int = 2,
+    seq_len: int = 2048,
+    hidden: int = 2048,
+    vocab: int = 49152,
+    chunk_size: int = 4096,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict:
     device = torch.device(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    readouts = [torch.randn(batch, seq_len, hidden, generator=gen).to(device, dtype).requires_grad_(True)
-                for _ in range(loops)]
-    head = (torch.randn(vocab, hidden, generator=gen) * hidden ** -0.5).to(device, dtype).requires_grad_(True)
+    readouts = [
+        torch.randn(batch, seq_len, hidden, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(loops)
+    ]
+    head = (torch.randn(vocab, hidden, generator=gen) * hidden**-0.5).to(device, dtype).requires_grad_(True)
     gates = torch.randn(loops, batch, seq_len, generator=gen).to(device).requires_grad_(True)
     labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
     labels[:, ::7] = IGNORE_INDEX
@@ -57,9 +67,17 @@ def check_fused_readout(device="cuda", dtype=torch.bfloat16, loops: int = 4, bat
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    out: dict = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "loops": loops,
-                 "tokens": batch * seq_len, "hidden": hidden, "vocab": vocab, "chunk_size": chunk_size,
-                 "seconds": {}, "peak_bytes": {}}
+    out: dict = {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "loops": loops,
+        "tokens": batch * seq_len,
+        "hidden": hidden,
+        "vocab": vocab,
+        "chunk_size": chunk_size,
+        "seconds": {},
+        "peak_bytes": {},
+    }
     results = {}
     for path in ("recompute", "fused"):
         step(path)  # warm-up
@@ -82,7 +100,10 @@ def check_fused_readout(device="cuda", dtype=torch.bfloat16, loops: int = 4, bat
     def rel(a, b):
         return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
 
-    out["max_rel_err"] = {"loss": rel(loss_f, loss_r), "readouts": max(rel(a, b) for a, b in
-                                                                        zip(grads_f[:loops], grads_r[:loops])),
-                          "lm_head": rel(grads_f[loops], grads_r[loops]), "gate": rel(grads_f[-1], grads_r[-1])}
+    out["max_rel_err"] = {
+        "loss": rel(loss_f, loss_r),
+        "readouts": max(rel(a, b) for a, b in zip(grads_f[:loops], grads_r[:loops])),
+        "lm_head": rel(grads_f[loops], grads_r[loops]),
+        "gate": rel(grads_f[-1], grads_r[-1]),
+    }
     return out

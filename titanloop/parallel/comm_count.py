@@ -14,8 +14,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_KINDS = ("all_gather", "allgather", "reduce_scatter", "all_reduce", "allreduce", "broadcast", "all_to_all",
-          "alltoall")
+_KINDS = ("all_gather", "allgather", "reduce_scatter", "all_reduce", "allreduce", "broadcast", "all_to_all", "alltoall")
 _CANONICAL = {"allgather": "all_gather", "allreduce": "all_reduce", "alltoall": "all_to_all"}
 
 

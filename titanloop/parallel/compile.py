@@ -51,8 +51,9 @@ def graph_breaks() -> int:
     return int(sum(counters["graph_break"].values()))
 
 
-def fullgraph_check(model: LoopLM, input_ids: torch.Tensor, doc_batches: Iterable[torch.Tensor],
-                    loop_counts: Iterable[int]) -> dict:
+def fullgraph_check(
+    model: LoopLM, input_ids: torch.Tensor, doc_batches: Iterable[torch.Tensor], loop_counts: Iterable[int]
+) -> dict:
     """Forward + backward of a compiled `model` (apply_compile) on `input_ids` [B, S] for every loop count and
     every doc_ids [B, S] in `doc_batches` (e.g. different document counts). Returns the loop counts and
     document counts run, the graph breaks recorded meanwhile, the graphs compiled after the first step and
@@ -66,6 +67,11 @@ def fullgraph_check(model: LoopLM, input_ids: torch.Tensor, doc_batches: Iterabl
             graphs.append(compiled_graphs())
     model.zero_grad(set_to_none=True)
     breaks = graph_breaks() - breaks_before
-    return {"loop_counts": loop_counts, "doc_counts": [len(document_lengths(d.cpu())) for d in doc_batches],
-            "graph_breaks": breaks, "graphs_after_first_step": graphs[0], "graphs_after_all": graphs[-1],
-            "ok": breaks == 0 and graphs[0] == graphs[-1]}
+    return {
+        "loop_counts": loop_counts,
+        "doc_counts": [len(document_lengths(d.cpu())) for d in doc_batches],
+        "graph_breaks": breaks,
+        "graphs_after_first_step": graphs[0],
+        "graphs_after_all": graphs[-1],
+        "ok": breaks == 0 and graphs[0] == graphs[-1],
+    }

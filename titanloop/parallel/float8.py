@@ -48,12 +48,24 @@ def check_float8_layout(cfg, tp: int) -> None:
     f8 = cfg.training.float8
     if f8 == "off":
         return
-    require(cfg.parallelism.engine == "fsdp2", "training.float8", f8,
-            f"'off' with parallelism.engine={cfg.parallelism.engine!r} (float8 is built for engine='fsdp2' only)")
-    require(tp == 1, "training.float8", f8, f"'off' with parallelism.tp={tp} (float8 with tensor parallelism is not "
-            "supported yet: use parallelism.tp=1)")
-    require(not cfg.is_retrofit, "training.float8", f8, "'off' for a retrofit run (retrofit.hf_path is set; its "
-            "frozen pretrained base is not converted)")
+    require(
+        cfg.parallelism.engine == "fsdp2",
+        "training.float8",
+        f8,
+        f"'off' with parallelism.engine={cfg.parallelism.engine!r} (float8 is built for engine='fsdp2' only)",
+    )
+    require(
+        tp == 1,
+        "training.float8",
+        f8,
+        f"'off' with parallelism.tp={tp} (float8 with tensor parallelism is not supported yet: use parallelism.tp=1)",
+    )
+    require(
+        not cfg.is_retrofit,
+        "training.float8",
+        f8,
+        "'off' for a retrofit run (retrofit.hf_path is set; its frozen pretrained base is not converted)",
+    )
 
 
 def float8_config(recipe: str, *, emulate: bool):
@@ -76,8 +88,12 @@ def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool 
     if recipe == "off":
         return 0
     # torchtitan refuses the same combination (its emulation is for eager tests only)
-    require(not (emulate and compile), "training.float8", recipe,
-            "'off' with parallelism.compile=true without a GPU (torchao's float8 emulation runs eager only)")
+    require(
+        not (emulate and compile),
+        "training.float8",
+        recipe,
+        "'off' with parallelism.compile=true without a GPU (torchao's float8 emulation runs eager only)",
+    )
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
@@ -101,8 +117,9 @@ def _plain_weights(module, state_dict, prefix, local_metadata) -> None:
             continue
         plain = local._tensor
         if isinstance(value, DTensor):
-            plain = DTensor.from_local(plain, value.device_mesh, value.placements, run_check=False, shape=value.shape,
-                                       stride=value.stride())
+            plain = DTensor.from_local(
+                plain, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+            )
         state_dict[key] = plain
 
 
@@ -113,10 +130,15 @@ def float8_summary(model: nn.Module, recipe: str) -> str:
     f8 = [m for m in model.modules() if isinstance(m, Float8Linear)]
     linears = sum(isinstance(m, nn.Linear) for m in model.modules())
     params = sum(m.weight.numel() for m in f8)
-    gather = ("float8 all-gather (1 cast per weight per step with parallelism.reshard_looped='never')"
-              if uses_float8_all_gather(model) else "high-precision all-gather, cast in every matmul")
-    return (f"float8 {recipe}: {len(f8)} of {linears} linears converted ({params / 1e9:.3f}B weights; LM head, gates "
-            f"and embedding stay high precision), {gather}")
+    gather = (
+        "float8 all-gather (1 cast per weight per step with parallelism.reshard_looped='never')"
+        if uses_float8_all_gather(model)
+        else "high-precision all-gather, cast in every matmul"
+    )
+    return (
+        f"float8 {recipe}: {len(f8)} of {linears} linears converted ({params / 1e9:.3f}B weights; LM head, gates "
+        f"and embedding stay high precision), {gather}"
+    )
 
 
 def uses_float8_all_gather(model: nn.Module) -> bool:
@@ -147,11 +169,13 @@ def count_weight_casts():
     patched = [(mod, mod.hp_tensor_and_scale_to_float8) for mod in (float8_scaling_utils, fsdp_utils)]
 
     def wrap(cast):
-        def counted(hp_tensor, s, float8_dtype, linear_mm_config=None, gemm_input_role=GemmInputRole.INPUT,
-                    axiswise_dim=None):
+        def counted(
+            hp_tensor, s, float8_dtype, linear_mm_config=None, gemm_input_role=GemmInputRole.INPUT, axiswise_dim=None
+        ):
             if gemm_input_role is GemmInputRole.WEIGHT:
                 counts["float8_weight_cast"] += 1
             return cast(hp_tensor, s, float8_dtype, linear_mm_config, gemm_input_role, axiswise_dim)
+
         return counted
 
     for mod, cast in patched:

@@ -30,8 +30,13 @@ from titanloop.config_errors import require_choice
 from titanloop.model import LoopLM
 
 
-def apply_fsdp(model: LoopLM, dp_mesh: DeviceMesh, param_dtype: torch.dtype = torch.float32,
-               reduce_dtype: torch.dtype = torch.float32, reshard_looped: str = "never") -> None:
+def apply_fsdp(
+    model: LoopLM,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = torch.float32,
+    reshard_looped: str = "never",
+) -> None:
     require_choice(reshard_looped, "parallelism.reshard_looped", ("never", "always"))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     looped_reshard = reshard_looped == "always"

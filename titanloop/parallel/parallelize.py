@@ -20,12 +20,22 @@ from titanloop.parallel.fsdp import apply_fsdp
 from titanloop.parallel.tensor_parallel import apply_tensor_parallel
 
 
-def parallelize_looplm(model: LoopLM, *, parallel_dims, tp_mesh: DeviceMesh | None = None,
-                       sequence_parallel: bool = True, activation_checkpoint: str = "none",
-                       compile: bool = False, compile_backend="inductor", param_dtype=torch.float32,
-                       reduce_dtype=torch.float32, reshard_looped: str = "never",
-                       compile_fullgraph: bool | None = None, float8: str = "off",
-                       float8_emulate: bool = False) -> LoopLM:
+def parallelize_looplm(
+    model: LoopLM,
+    *,
+    parallel_dims,
+    tp_mesh: DeviceMesh | None = None,
+    sequence_parallel: bool = True,
+    activation_checkpoint: str = "none",
+    compile: bool = False,
+    compile_backend="inductor",
+    param_dtype=torch.float32,
+    reduce_dtype=torch.float32,
+    reshard_looped: str = "never",
+    compile_fullgraph: bool | None = None,
+    float8: str = "off",
+    float8_emulate: bool = False,
+) -> LoopLM:
     """Apply float8 (training.float8, titanloop.parallel.float8), TP (when parallel_dims.tp > 1), AC, compile and
     FSDP2 to `model` in place and return it. compile_fullgraph: see apply_compile (None: as the attention backend
     allows)."""

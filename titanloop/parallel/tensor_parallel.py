@@ -23,8 +23,13 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from titanloop.model import LoopLM
 
@@ -41,27 +46,35 @@ def _layer_plan(sequence_parallel: bool) -> dict:
         plan["self_attn.o_proj"] = RowwiseParallel()
         plan["mlp.down_proj"] = RowwiseParallel()
         return plan
-    plan.update({
-        "input_layernorm": SequenceParallel(use_local_output=True),
-        "input_layernorm_2": SequenceParallel(use_local_output=True),
-        "post_attention_layernorm": SequenceParallel(use_local_output=True),
-        "post_attention_layernorm_2": SequenceParallel(use_local_output=True),
-        # Attention.forward(x, cos, sin, mask, cache): only x is sharded; gather it to the full sequence.
-        "self_attn": PrepareModuleInput(input_layouts=(Shard(1), None, None, None, None),
-                                        desired_input_layouts=(Replicate(), None, None, None, None),
-                                        use_local_output=True),
-        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                  use_local_output=True),
-        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
-    })
+    plan.update(
+        {
+            "input_layernorm": SequenceParallel(use_local_output=True),
+            "input_layernorm_2": SequenceParallel(use_local_output=True),
+            "post_attention_layernorm": SequenceParallel(use_local_output=True),
+            "post_attention_layernorm_2": SequenceParallel(use_local_output=True),
+            # Attention.forward(x, cos, sin, mask, cache): only x is sharded; gather it to the full sequence.
+            "self_attn": PrepareModuleInput(
+                input_layouts=(Shard(1), None, None, None, None),
+                desired_input_layouts=(Replicate(), None, None, None, None),
+                use_local_output=True,
+            ),
+            "mlp": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            ),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
+    )
     return plan
 
 
 def apply_tensor_parallel(model: LoopLM, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> None:
     """Shard `model` in place over the 1-D `tp_mesh` (see the module docstring for the plan)."""
-    top: dict = {"embed_tokens": RowwiseParallel(input_layouts=Replicate(),
-                                                 output_layouts=Shard(1) if sequence_parallel else Replicate())}
+    top: dict = {
+        "embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sequence_parallel else Replicate()
+        )
+    }
     if sequence_parallel:
         top["norm"] = SequenceParallel(use_local_output=True)
         top["early_exit_gate"] = SequenceParallel(use_local_output=True)

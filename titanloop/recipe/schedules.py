@@ -41,9 +41,13 @@ class StagedLRSchedulers(LRSchedulersContainer):
 
         def shape(self, training_steps: int) -> dict:
             total = self.total_steps if self.total_steps is not None else training_steps
-            return {"total_steps": int(total), "warmup_steps": int(self.warmup_steps),
-                    "decay_ratio": self.decay_ratio, "decay_type": self.decay_type,
-                    "min_lr_factor": float(self.min_lr_factor)}
+            return {
+                "total_steps": int(total),
+                "warmup_steps": int(self.warmup_steps),
+                "decay_ratio": self.decay_ratio,
+                "decay_type": self.decay_type,
+                "min_lr_factor": float(self.min_lr_factor),
+            }
 
         def build(self, *, optimizers, training_steps):
             check_schedule(self.warmup_steps, self.decay_ratio, self.decay_type, self.min_lr_factor)
@@ -62,12 +66,16 @@ class StagedLRSchedulers(LRSchedulersContainer):
     def load_state_dict(self, state_dict):
         saved = state_dict.get("shape")
         if saved and self.shape and saved != self.shape:
-            diff = ", ".join(f"{k}: {saved.get(k)!r} -> {self.shape.get(k)!r}"
-                             for k in sorted(set(saved) | set(self.shape)) if saved.get(k) != self.shape.get(k))
+            diff = ", ".join(
+                f"{k}: {saved.get(k)!r} -> {self.shape.get(k)!r}"
+                for k in sorted(set(saved) | set(self.shape))
+                if saved.get(k) != self.shape.get(k)
+            )
             if not self.allow_change:
                 raise ConfigError(
                     f"lr_scheduler changed since the checkpoint ({diff}): restore the original values, or set "
-                    "lr_scheduler.allow_schedule_change=true to continue from the saved step on the new schedule")
+                    "lr_scheduler.allow_schedule_change=true to continue from the saved step on the new schedule"
+                )
             logger.warning("lr schedule changed on resume (%s); continuing on the new schedule", diff)
         super().load_state_dict({"last_epoch": state_dict["last_epoch"]})
         # torchtitan recomputes the scheduler's lr but leaves the optimizer's param groups alone (they are right
@@ -82,11 +90,17 @@ class StagedLRSchedulers(LRSchedulersContainer):
                 group["lr"] = lr
 
 
-def lr_factor(step: int, *, warmup_steps: int, total_steps: int, decay_ratio: float | None, decay_type: str,
-              min_lr_factor: float) -> float:
+def lr_factor(
+    step: int, *, warmup_steps: int, total_steps: int, decay_ratio: float | None, decay_type: str, min_lr_factor: float
+) -> float:
     """The multiplicative LR factor at `step` (0-based), using torchtitan's WSD lambda (for tests and plots)."""
-    cfg = StagedLRSchedulers.Config(warmup_steps=warmup_steps, total_steps=total_steps, decay_ratio=decay_ratio,
-                                    decay_type=decay_type, min_lr_factor=min_lr_factor)
+    cfg = StagedLRSchedulers.Config(
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+        decay_ratio=decay_ratio,
+        decay_type=decay_type,
+        min_lr_factor=min_lr_factor,
+    )
     import torch
 
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
@@ -112,12 +126,19 @@ class BatchRamp:
 
     def __post_init__(self):
         require(self.start >= 1, "training.batch_ramp_start", self.start, "a positive number of sequences")
-        require(self.end >= self.start, "training.global_batch_size", self.end,
-                f">= training.batch_ramp_start={self.start} (the ramp goes up)")
+        require(
+            self.end >= self.start,
+            "training.global_batch_size",
+            self.end,
+            f">= training.batch_ramp_start={self.start} (the ramp goes up)",
+        )
         require(self.ramp_steps >= 1, "training.batch_ramp_steps", self.ramp_steps, "an integer >= 1")
-        require(self.increment >= 1 and self.start % self.increment == 0 and self.end % self.increment == 0,
-                "training.batch_ramp_increment", self.increment,
-                f"a positive divisor of both batch_ramp_start={self.start} and global_batch_size={self.end}")
+        require(
+            self.increment >= 1 and self.start % self.increment == 0 and self.end % self.increment == 0,
+            "training.batch_ramp_increment",
+            self.increment,
+            f"a positive divisor of both batch_ramp_start={self.start} and global_batch_size={self.end}",
+        )
 
     def batch_at(self, step: int) -> int:
         """Sequences in optimizer step `step` (0-based)."""
@@ -135,12 +156,17 @@ class BatchRamp:
         fits = math.lcm(self.increment, per_round)
         if both % fits:
             fits = per_round
-        hint = (f"e.g. batch_ramp_increment={fits}" if both % fits == 0 else
-                f"no increment fits batch_ramp_start={self.start} and global_batch_size={self.end}; make both "
-                f"multiples of {per_round} or lower micro_batch_size")
-        raise ConfigError(f"training.batch_ramp_increment={self.increment} is invalid at micro_batch_size="
-                          f"{micro_batch_size} x {dp_world} data-parallel ranks: expected a multiple of {per_round} "
-                          f"dividing batch_ramp_start and global_batch_size ({hint})")
+        hint = (
+            f"e.g. batch_ramp_increment={fits}"
+            if both % fits == 0
+            else f"no increment fits batch_ramp_start={self.start} and global_batch_size={self.end}; make both "
+            f"multiples of {per_round} or lower micro_batch_size"
+        )
+        raise ConfigError(
+            f"training.batch_ramp_increment={self.increment} is invalid at micro_batch_size="
+            f"{micro_batch_size} x {dp_world} data-parallel ranks: expected a multiple of {per_round} "
+            f"dividing batch_ramp_start and global_batch_size ({hint})"
+        )
 
     def tokens_at(self, step: int, seq_len: int) -> int:
         return self.batch_at(step) * seq_len

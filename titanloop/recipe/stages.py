@@ -57,8 +57,10 @@ def checkpoint_folder(path: str | Path) -> tuple[Path, int] | None:
         return p.parent, int(p.name.split("-")[-1])
     step = layout.latest_step(p)
     if step is None:
-        raise ConfigError(f"stage.init_from={str(p)!r} has no published checkpoint: point it at the previous "
-                          "stage's <run_dir>/checkpoints folder (or a step-N dir inside it)")
+        raise ConfigError(
+            f"stage.init_from={str(p)!r} has no published checkpoint: point it at the previous "
+            "stage's <run_dir>/checkpoints folder (or a step-N dir inside it)"
+        )
     return p, step
 
 
@@ -70,26 +72,36 @@ def previous_stage_state(stage: StageSection, model: LoopLM) -> dict:
     state = src.state_dict()
     if stage.upcycle != "none":
         if new_cfg.n_layers != 2 * old_cfg.n_layers:
-            raise ConfigError(f"stage.upcycle={stage.upcycle!r} doubles the {old_cfg.n_layers} looped layers of "
-                              f"{stage.init_from!r}, but model.n_layers={new_cfg.n_layers}: set it to "
-                              f"{2 * old_cfg.n_layers}")
+            raise ConfigError(
+                f"stage.upcycle={stage.upcycle!r} doubles the {old_cfg.n_layers} looped layers of "
+                f"{stage.init_from!r}, but model.n_layers={new_cfg.n_layers}: set it to "
+                f"{2 * old_cfg.n_layers}"
+            )
         state = upcycle_state_dict(state, stage.upcycle)
     elif new_cfg.n_layers != old_cfg.n_layers:
-        raise ConfigError(f"stage.init_from={stage.init_from!r} has {old_cfg.n_layers} looped layers, the new model "
-                          f"has model.n_layers={new_cfg.n_layers}: set stage.upcycle = \"stack\" (or "
-                          "\"interleave\") to duplicate layers, or use the same layer count")
+        raise ConfigError(
+            f"stage.init_from={stage.init_from!r} has {old_cfg.n_layers} looped layers, the new model "
+            f'has model.n_layers={new_cfg.n_layers}: set stage.upcycle = "stack" (or '
+            '"interleave") to duplicate layers, or use the same layer count'
+        )
     live = model.state_dict()
     for key, value in live.items():
         if key not in state:
-            raise ConfigError(f"stage.init_from={stage.init_from!r} lacks tensor {key!r} of the new model: the "
-                              "two stages' model configs differ in structure (prelude/coda/gates/norms)")
+            raise ConfigError(
+                f"stage.init_from={stage.init_from!r} lacks tensor {key!r} of the new model: the "
+                "two stages' model configs differ in structure (prelude/coda/gates/norms)"
+            )
         if tuple(state[key].shape) != tuple(value.shape):
-            raise ConfigError(f"stage.init_from={stage.init_from!r} has {key!r} of shape {tuple(state[key].shape)}, "
-                              f"the new model needs {tuple(value.shape)}: the stages' model shapes differ")
+            raise ConfigError(
+                f"stage.init_from={stage.init_from!r} has {key!r} of shape {tuple(state[key].shape)}, "
+                f"the new model needs {tuple(value.shape)}: the stages' model shapes differ"
+            )
     extra = sorted(set(state) - set(live))
     if extra:
-        raise ConfigError(f"stage.init_from={stage.init_from!r} has tensor {extra[0]!r} that the new model lacks "
-                          f"({len(extra)} extra): the two stages' model configs differ in structure")
+        raise ConfigError(
+            f"stage.init_from={stage.init_from!r} has tensor {extra[0]!r} that the new model lacks "
+            f"({len(extra)} extra): the two stages' model configs differ in structure"
+        )
     return state
 
 
@@ -99,13 +111,21 @@ def load_stage_weights(model, stage: StageSection, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
-    log.info("stage %s: weights from %s%s", stage.name or "?", stage.init_from,
-             f" (upcycled, order {stage.upcycle})" if stage.upcycle != "none" else "")
+    log.info(
+        "stage %s: weights from %s%s",
+        stage.name or "?",
+        stage.init_from,
+        f" (upcycled, order {stage.upcycle})" if stage.upcycle != "none" else "",
+    )
 
 
 def keeps_optimizer(stage: StageSection, objective_name: str) -> bool:
-    return (stage.keep_optimizer and stage.upcycle == "none" and objective_name != "stage2_gate"
-            and checkpoint_folder(stage.init_from) is not None)
+    return (
+        stage.keep_optimizer
+        and stage.upcycle == "none"
+        and objective_name != "stage2_gate"
+        and checkpoint_folder(stage.init_from) is not None
+    )
 
 
 def load_previous_stage_optimizer(stage: StageSection, optimizers, lr_schedulers) -> None:

@@ -53,13 +53,15 @@ def count_layers(keys) -> int:
         raise ConfigError("upcycle: no looped-layer keys ('layers.<i>.') found in the checkpoint")
     n = max(idx) + 1
     if idx != set(range(n)):
-        raise ConfigError(f"upcycle: layer indices are not contiguous 0..{n - 1}: "
-                          f"missing {sorted(set(range(n)) - idx)}")
+        raise ConfigError(
+            f"upcycle: layer indices are not contiguous 0..{n - 1}: missing {sorted(set(range(n)) - idx)}"
+        )
     return n
 
 
-def upcycle_state_dict(state: dict, order: str = "stack", drop_optimizer: bool = False,
-                       optimizer_prefix: str = "optimizer") -> dict:
+def upcycle_state_dict(
+    state: dict, order: str = "stack", drop_optimizer: bool = False, optimizer_prefix: str = "optimizer"
+) -> dict:
     """Return a new flat state dict with the looped stack duplicated (tensors are cloned, never aliased)."""
     n = count_layers(state.keys())
     sources = new_layer_sources(n, order)
@@ -76,7 +78,7 @@ def upcycle_state_dict(state: dict, order: str = "stack", drop_optimizer: bool =
             continue
         src = int(m.group(2))
         for new_i in by_src[src]:
-            new_key = key[: m.start(2)] + str(new_i) + key[m.end(2):]
+            new_key = key[: m.start(2)] + str(new_i) + key[m.end(2) :]
             out[new_key] = value.clone() if isinstance(value, torch.Tensor) else value
     return out
 
@@ -104,7 +106,6 @@ def upcycle_dcp(src: str | Path, dst: str | Path, order: str = "stack", drop_opt
     needed; the output reshards on load like any DCP checkpoint)."""
     import torch.distributed.checkpoint as dcp
 
-
     src, dst = Path(src), Path(dst)
     if not (src / ".metadata").is_file():
         raise ConfigError(f"upcycle: {src} is not a DCP checkpoint (no .metadata file)")
@@ -123,15 +124,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m titanloop.recipe.upcycle",
         description="Duplicate the looped layers of a checkpoint (L -> 2L layers), as Ouro's 2.6B fork does "
-                    "(24 -> 48). Works on an exported Ouro HF directory or a DCP checkpoint directory.")
-    p.add_argument("src", help="source: an Ouro HF directory (config.json), a titanloop training checkpoint "
-                               "(step-N dir or the checkpoints folder with `latest`; written out as an Ouro HF "
-                               "directory), or a plain DCP directory (.metadata; written out as DCP)")
+        "(24 -> 48). Works on an exported Ouro HF directory or a DCP checkpoint directory.",
+    )
+    p.add_argument(
+        "src",
+        help="source: an Ouro HF directory (config.json), a titanloop training checkpoint "
+        "(step-N dir or the checkpoints folder with `latest`; written out as an Ouro HF "
+        "directory), or a plain DCP directory (.metadata; written out as DCP)",
+    )
     p.add_argument("dst", help="new directory to write (must not exist or be empty)")
-    p.add_argument("--order", choices=ORDERS, default="stack",
-                   help="stack = [1..L,1..L] (default), interleave = [1,1,2,2,...]")
-    p.add_argument("--drop-optimizer", action="store_true",
-                   help="DCP only: drop optimizer state instead of duplicating it with its layer")
+    p.add_argument(
+        "--order", choices=ORDERS, default="stack", help="stack = [1..L,1..L] (default), interleave = [1,1,2,2,...]"
+    )
+    p.add_argument(
+        "--drop-optimizer",
+        action="store_true",
+        help="DCP only: drop optimizer state instead of duplicating it with its layer",
+    )
     a = p.parse_args(argv)
     src = Path(a.src)
     if (src / "config.json").is_file() or (src / "latest").is_file() or (src / "titanloop.json").is_file():
@@ -139,8 +148,9 @@ def main(argv=None) -> int:
     elif (src / ".metadata").is_file():
         out = upcycle_dcp(src, a.dst, a.order, a.drop_optimizer)
     else:
-        raise ConfigError(f"upcycle: {src} is neither an Ouro HF directory (config.json) nor a DCP checkpoint "
-                          "(.metadata)")
+        raise ConfigError(
+            f"upcycle: {src} is neither an Ouro HF directory (config.json) nor a DCP checkpoint (.metadata)"
+        )
     print(f"wrote upcycled checkpoint ({a.order} order) to {out}")
     return 0
 

@@ -19,8 +19,10 @@ def load_retrofit_checkpoint(path) -> RetrofitLM:
     step_dir, manifest = published_step_dir(Path(path))
     section = (manifest.get("config") or {}).get("retrofit") or {}
     if not section.get("hf_path"):
-        raise ConfigError(f"checkpoint {str(step_dir)!r} is not from a retrofit run (its config has no "
-                          "retrofit.hf_path): load it with titanloop.checkpoint.loading.load_model")
+        raise ConfigError(
+            f"checkpoint {str(step_dir)!r} is not from a retrofit run (its config has no "
+            "retrofit.hf_path): load it with titanloop.checkpoint.loading.load_model"
+        )
     cfg = RetrofitConfig.from_dict(section)
     _, shape = read_hf_config(cfg.hf_path)
     model = RetrofitLM(shape, cfg)

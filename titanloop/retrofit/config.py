@@ -49,11 +49,19 @@ class RetrofitConfig:
     def validate(self) -> None:
         require(self.n_prelude >= 0, "retrofit.n_prelude", self.n_prelude, "an integer >= 0")
         require(self.n_coda >= 0, "retrofit.n_coda", self.n_coda, "an integer >= 0")
-        require(self.recurrent_layer >= self.n_prelude, "retrofit.recurrent_layer", self.recurrent_layer,
-                f"an index >= n_prelude={self.n_prelude} (the recurrent layer comes after the prelude)")
+        require(
+            self.recurrent_layer >= self.n_prelude,
+            "retrofit.recurrent_layer",
+            self.recurrent_layer,
+            f"an index >= n_prelude={self.n_prelude} (the recurrent layer comes after the prelude)",
+        )
         require(self.n_loops >= 1, "retrofit.n_loops", self.n_loops, "an integer >= 1")
-        require(self.max_loops >= self.n_loops, "retrofit.max_loops", self.max_loops,
-                f"an integer >= n_loops={self.n_loops}")
+        require(
+            self.max_loops >= self.n_loops,
+            "retrofit.max_loops",
+            self.max_loops,
+            f"an integer >= n_loops={self.n_loops}",
+        )
         require_choice(self.modulation, "retrofit.modulation", MODULATIONS)
         require_choice(self.pooling, "retrofit.pooling", POOLINGS)
         require(self.lora_rank >= 1, "retrofit.lora_rank", self.lora_rank, "an integer >= 1")
@@ -61,8 +69,12 @@ class RetrofitConfig:
 
     def check_depth(self, n_layers: int) -> None:
         """The split against the dense model's depth L (known once its config.json is read)."""
-        require(self.recurrent_layer < n_layers - self.n_coda, "retrofit.recurrent_layer", self.recurrent_layer,
-                f"an index < L - n_coda = {n_layers} - {self.n_coda} (the base model has L={n_layers} layers)")
+        require(
+            self.recurrent_layer < n_layers - self.n_coda,
+            "retrofit.recurrent_layer",
+            self.recurrent_layer,
+            f"an index < L - n_coda = {n_layers} - {self.n_coda} (the base model has L={n_layers} layers)",
+        )
 
     def removed_layers(self, n_layers: int) -> list[int]:
         """Middle layers that are dropped (their mean residual vs layer R seeds the LoRA bases)."""

@@ -28,8 +28,10 @@ def read_hf_config(path: str | Path):
     """(transformers config, DenseShape) of the checkpoint at `path`; unsupported variants are refused."""
     p = Path(path)
     if not (p / "config.json").is_file():
-        raise ConfigError(f"retrofit.hf_path={str(path)!r} has no config.json: pass a local Hugging Face "
-                          "model directory (save_pretrained output)")
+        raise ConfigError(
+            f"retrofit.hf_path={str(path)!r} has no config.json: pass a local Hugging Face "
+            "model directory (save_pretrained output)"
+        )
     return _read_hf_config(str(p.resolve()), (p / "config.json").stat().st_mtime_ns)
 
 
@@ -43,24 +45,42 @@ def _read_hf_config(path: str, mtime_ns: int):
     c = AutoConfig.from_pretrained(str(p), local_files_only=True)
     require(c.hidden_act == "silu", "hidden_act", c.hidden_act, "'silu' (SwiGLU MLP)")
     scaling = getattr(c, "rope_scaling", None)
-    require(not scaling or scaling.get("rope_type", scaling.get("type")) == "default", "rope_scaling", scaling,
-            "None (RoPE scaling variants are not implemented by the retrofit model)")
-    require(not getattr(c, "use_sliding_window", False), "use_sliding_window", True,
-            "false (sliding-window attention is not implemented by the retrofit model)")
+    require(
+        not scaling or scaling.get("rope_type", scaling.get("type")) == "default",
+        "rope_scaling",
+        scaling,
+        "None (RoPE scaling variants are not implemented by the retrofit model)",
+    )
+    require(
+        not getattr(c, "use_sliding_window", False),
+        "use_sliding_window",
+        True,
+        "false (sliding-window attention is not implemented by the retrofit model)",
+    )
     llama = model_type == "llama"
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     shape = DenseShape(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, n_heads=c.num_attention_heads,
-        n_kv_heads=c.num_key_value_heads or c.num_attention_heads, head_dim=head_dim,
-        ffn_hidden_size=c.intermediate_size, n_layers=c.num_hidden_layers, norm_eps=c.rms_norm_eps,
-        rope_theta=float(c.rope_theta), qkv_bias=bool(c.attention_bias) if llama else True,
-        o_bias=bool(c.attention_bias) if llama else False, mlp_bias=bool(getattr(c, "mlp_bias", False)),
-        tie_embeddings=bool(c.tie_word_embeddings), max_seq_len=c.max_position_embeddings)
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
+        head_dim=head_dim,
+        ffn_hidden_size=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        norm_eps=c.rms_norm_eps,
+        rope_theta=float(c.rope_theta),
+        qkv_bias=bool(c.attention_bias) if llama else True,
+        o_bias=bool(c.attention_bias) if llama else False,
+        mlp_bias=bool(getattr(c, "mlp_bias", False)),
+        tie_embeddings=bool(c.tie_word_embeddings),
+        max_seq_len=c.max_position_embeddings,
+    )
     return c, shape
 
 
 class SafetensorsReader:
     """Tensors by name from a single or sharded safetensors checkpoint, opened lazily."""
+
     def __init__(self, path: str | Path):
         from safetensors import safe_open
 
@@ -72,8 +92,10 @@ class SafetensorsReader:
             with safe_open(p / "model.safetensors", framework="pt") as f:
                 files = {k: p / "model.safetensors" for k in f.keys()}
         else:
-            raise ConfigError(f"retrofit.hf_path={str(path)!r} has no model.safetensors(.index.json): save the "
-                              "model with save_pretrained(safe_serialization=True)")
+            raise ConfigError(
+                f"retrofit.hf_path={str(path)!r} has no model.safetensors(.index.json): save the "
+                "model with save_pretrained(safe_serialization=True)"
+            )
         self.files, self._open, self._safe_open = files, {}, safe_open
 
     def has(self, name: str) -> bool:
@@ -102,9 +124,13 @@ def _layer_weight(reader: SafetensorsReader, layer: int, target: str) -> torch.T
 def lora_bases_from_checkpoint(reader: SafetensorsReader, cfg: RetrofitConfig, n_layers: int) -> dict:
     """{target: (A, B)} from the removed layers' mean residual against layer R."""
     removed = cfg.removed_layers(n_layers)
-    require(len(removed) >= 1, "retrofit", f"P={cfg.n_prelude}, R={cfg.recurrent_layer}, C={cfg.n_coda}",
-            f"a split that removes at least one of the L={n_layers} layers (LoRA bases are built from them), "
-            "or modulation='none'")
+    require(
+        len(removed) >= 1,
+        "retrofit",
+        f"P={cfg.n_prelude}, R={cfg.recurrent_layer}, C={cfg.n_coda}",
+        f"a split that removes at least one of the L={n_layers} layers (LoRA bases are built from them), "
+        "or modulation='none'",
+    )
     out = {}
     for k in TARGETS:
         w_r = _layer_weight(reader, cfg.recurrent_layer, k)
@@ -121,12 +147,17 @@ def load_retrofit(cfg: RetrofitConfig, hf_path: str | None = None) -> RetrofitLM
     _, shape = read_hf_config(path)
     model = RetrofitLM(shape, cfg)
     reader = SafetensorsReader(path)
-    state = {"embed_tokens.weight": reader.get("model.embed_tokens.weight"),
-             "norm.weight": reader.get("model.norm.weight")}
+    state = {
+        "embed_tokens.weight": reader.get("model.embed_tokens.weight"),
+        "norm.weight": reader.get("model.norm.weight"),
+    }
     if not shape.tie_embeddings:
         state["lm_head.weight"] = reader.get("lm_head.weight")
-    stacks = [("prelude", range(cfg.n_prelude)), ("layers", [cfg.recurrent_layer]),
-              ("coda", range(shape.n_layers - cfg.n_coda, shape.n_layers))]
+    stacks = [
+        ("prelude", range(cfg.n_prelude)),
+        ("layers", [cfg.recurrent_layer]),
+        ("coda", range(shape.n_layers - cfg.n_coda, shape.n_layers)),
+    ]
     for stack, indices in stacks:
         for j, i in enumerate(indices):
             for name in getattr(model, stack)[j].state_dict():
@@ -137,8 +168,12 @@ def load_retrofit(cfg: RetrofitConfig, hf_path: str | None = None) -> RetrofitLM
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     trainable = {n for m in model.trainable_modules() for n, _ in getattr(model, m).named_parameters(prefix=m)}
     left = sorted(set(missing) - trainable - ({"lm_head.weight"} if shape.tie_embeddings else set()))
-    require(not left and not unexpected, "checkpoint", path, f"all base weights to load (missing {left}, "
-            f"unexpected {unexpected})")
+    require(
+        not left and not unexpected,
+        "checkpoint",
+        path,
+        f"all base weights to load (missing {left}, unexpected {unexpected})",
+    )
     model.freeze_base()
     return model
 
@@ -147,9 +182,23 @@ def looplm_view(cfg: RetrofitConfig):
     """A LoopLMConfig with the retrofit model's shape (P prelude layers, 1 looped layer, C coda layers), so the
     training config's layout checks, data vocabulary and FLOP accounting apply to a retrofit run unchanged."""
     _, s = read_hf_config(cfg.hf_path)
-    return LoopLMConfig(vocab_size=s.vocab_size, hidden_size=s.hidden_size, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-                        ffn_hidden_size=s.ffn_hidden_size, n_layers=1, n_loops=cfg.n_loops, max_loops=cfg.max_loops,
-                        max_seq_len=s.max_seq_len, rope_theta=s.rope_theta, norm_eps=s.norm_eps,
-                        n_prelude_layers=cfg.n_prelude, n_coda_layers=cfg.n_coda,
-                        gated_recurrence=cfg.gated_recurrence, per_loop_norm=cfg.step_norm,
-                        tie_embeddings=s.tie_embeddings, inter_loop_norm=False, readout="final_only_norm")
+    return LoopLMConfig(
+        vocab_size=s.vocab_size,
+        hidden_size=s.hidden_size,
+        n_heads=s.n_heads,
+        n_kv_heads=s.n_kv_heads,
+        ffn_hidden_size=s.ffn_hidden_size,
+        n_layers=1,
+        n_loops=cfg.n_loops,
+        max_loops=cfg.max_loops,
+        max_seq_len=s.max_seq_len,
+        rope_theta=s.rope_theta,
+        norm_eps=s.norm_eps,
+        n_prelude_layers=cfg.n_prelude,
+        n_coda_layers=cfg.n_coda,
+        gated_recurrence=cfg.gated_recurrence,
+        per_loop_norm=cfg.step_norm,
+        tie_embeddings=s.tie_embeddings,
+        inter_loop_norm=False,
+        readout="final_only_norm",
+    )

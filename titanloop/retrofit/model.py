@@ -58,10 +58,21 @@ class DenseShape:
 
     def target_dims(self) -> dict[str, tuple[int, int]]:
         """(d_in, d_out) of each LoRA target's projection."""
-        h, q, kv, f = self.hidden_size, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, \
-            self.ffn_hidden_size
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+        h, q, kv, f = (
+            self.hidden_size,
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+            self.ffn_hidden_size,
+        )
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
 
 
 class DenseAttention(nn.Module):
@@ -91,8 +102,9 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(s.ffn_hidden_size, s.hidden_size, bias=s.mlp_bias)
 
     def forward(self, x, proj: Callable):
-        return proj(self.down_proj, "down_proj",
-                    F.silu(proj(self.gate_proj, "gate_proj", x)) * proj(self.up_proj, "up_proj", x))
+        return proj(
+            self.down_proj, "down_proj", F.silu(proj(self.gate_proj, "gate_proj", x)) * proj(self.up_proj, "up_proj", x)
+        )
 
 
 def _plain(lin: nn.Linear, target: str, x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +133,9 @@ class LoRABases(nn.Module):
     def __init__(self, s: DenseShape, rank: int):
         super().__init__()
         for k, (d_in, d_out) in s.target_dims().items():
-            require(rank <= min(d_in, d_out), "retrofit.lora_rank", rank,
-                    f"<= min(d_in, d_out) = {min(d_in, d_out)} of {k}")
+            require(
+                rank <= min(d_in, d_out), "retrofit.lora_rank", rank, f"<= min(d_in, d_out) = {min(d_in, d_out)} of {k}"
+            )
             self.register_parameter(f"{k}_A", nn.Parameter(torch.zeros(rank, d_in), requires_grad=False))
             self.register_parameter(f"{k}_B", nn.Parameter(torch.zeros(d_out, rank), requires_grad=False))
 
@@ -159,8 +172,9 @@ class RetrofitLM(nn.Module):
         self.lora = LoRABases(shape, cfg.lora_rank) if use_lora else None
         self.modulation = build_modulation(cfg, d)
         self.recurrence_gate = nn.Linear(2 * d, d, bias=True) if cfg.gated_recurrence else None
-        self.step_norms = (nn.ModuleList(RMSNorm(d, shape.norm_eps) for _ in range(cfg.max_loops))
-                           if cfg.step_norm else None)
+        self.step_norms = (
+            nn.ModuleList(RMSNorm(d, shape.norm_eps) for _ in range(cfg.max_loops)) if cfg.step_norm else None
+        )
         self.loop_wrapper: Callable | None = None  # set by activation checkpointing mode "loop"
         self.init_trainable()
 
@@ -178,8 +192,7 @@ class RetrofitLM(nn.Module):
             self.modulation.reset_parameters()
 
     def trainable_modules(self) -> dict[str, nn.Module]:
-        mods = {"modulation": self.modulation, "recurrence_gate": self.recurrence_gate,
-                "step_norms": self.step_norms}
+        mods = {"modulation": self.modulation, "recurrence_gate": self.recurrence_gate, "step_norms": self.step_norms}
         return {k: m for k, m in mods.items() if m is not None}
 
     def freeze_base(self) -> None:
@@ -195,19 +208,25 @@ class RetrofitLM(nn.Module):
         return trainable, sum(p.numel() for p in unique) - trainable
 
     # ----- forward ----------------------------------------------------------------------------
-    def rope_and_mask(self, input_ids: torch.Tensor, *, doc_ids: torch.Tensor | None = None,
-                      positions: torch.Tensor | None = None):
+    def rope_and_mask(
+        self, input_ids: torch.Tensor, *, doc_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None
+    ):
         s = input_ids.shape[1]
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
         cos, sin = rope_cos_sin(positions, self.shape.head_dim, self.shape.rope_theta, self.embed_tokens.weight.dtype)
-        mask = (document_mask(doc_ids, "auto", self.embed_tokens.weight.dtype,
-                              graph_safe=getattr(self, "graph_safe_attention", False))  # set by apply_compile
-                if doc_ids is not None else None)
+        mask = (
+            document_mask(
+                doc_ids, "auto", self.embed_tokens.weight.dtype, graph_safe=getattr(self, "graph_safe_attention", False)
+            )  # set by apply_compile
+            if doc_ids is not None
+            else None
+        )
         return cos, sin, mask
 
-    def recurrent_step(self, x: torch.Tensor, t: int, cos, sin, mask=None,
-                       doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def recurrent_step(
+        self, x: torch.Tensor, t: int, cos, sin, mask=None, doc_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One recurrence step t (0-based): state x -> next state."""
         proj = _plain
         if self.modulation is not None:
@@ -221,17 +240,33 @@ class RetrofitLM(nn.Module):
             h = g * h + (1 - g) * x
         return h
 
-    def forward(self, input_ids: torch.Tensor, n_loops: int | None = None, *, doc_ids: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, kv_cache=None, position_offset: int = 0,
-                return_logits: str | None = None) -> LoopLMOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        n_loops: int | None = None,
+        *,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache=None,
+        position_offset: int = 0,
+        return_logits: str | None = None,
+    ) -> LoopLMOutput:
         """input_ids [B, S] -> LoopLMOutput with one readout (the coda's normed output after T steps)."""
-        require(kv_cache is None and position_offset == 0, "kv_cache", kv_cache,
-                "None: the retrofit model has no incremental decoding (run the full sequence)")
+        require(
+            kv_cache is None and position_offset == 0,
+            "kv_cache",
+            kv_cache,
+            "None: the retrofit model has no incremental decoding (run the full sequence)",
+        )
         t_total = self.rcfg.n_loops if n_loops is None else int(n_loops)
         require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
         if self.rcfg.step_norm or self.rcfg.modulation != "none":
-            require(t_total <= self.rcfg.max_loops, "n_loops", t_total,
-                    f"<= retrofit.max_loops={self.rcfg.max_loops} (per-step parameters)")
+            require(
+                t_total <= self.rcfg.max_loops,
+                "n_loops",
+                t_total,
+                f"<= retrofit.max_loops={self.rcfg.max_loops} (per-step parameters)",
+            )
         cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions)
         x = self.embed_tokens(input_ids)
         for layer in self.prelude:

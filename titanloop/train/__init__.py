@@ -9,6 +9,7 @@ validation (held-out loss per loop during training), profiling (torch.profiler t
 cpu_shim (torchtitan on a CPU-only host), process_exit (how a finished worker leaves).
 Importing this package imports no torchtitan module. See docs/training.md and docs/architecture.md.
 """
+
 from titanloop.train.config import TrainConfig, load_config
 
 __all__ = ["TrainConfig", "load_config"]

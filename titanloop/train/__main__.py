@@ -30,9 +30,13 @@ Sections: {", ".join(SECTIONS)}. See docs/training.md for every field.
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m titanloop.train", usage=USAGE, add_help=True)
     parser.add_argument("--config", help="TOML training config (train_configs/*.toml)")
-    parser.add_argument("--dry-run", action="store_true", help="start at --world-size ranks on torchtitan's fake "
-                        "backend (one process, meta tensors, no GPU), print the plan and exit "
-                        "(titanloop.train.dry_run)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start at --world-size ranks on torchtitan's fake "
+        "backend (one process, meta tensors, no GPU), print the plan and exit "
+        "(titanloop.train.dry_run)",
+    )
     parser.add_argument("--world-size", type=int, help="ranks of the dry run (e.g. nodes x 8)")
     parser.add_argument("--memory-plan", action="store_true", help="dry run: also print the per-GPU memory plan")
     parser.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory plan: GPU memory (default 80)")
@@ -44,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config
     if args.dry_run or args.world_size is not None or args.memory_plan:
         if config_path is None or not args.dry_run or not args.world_size or args.world_size < 1:
-            print("error: a dry run needs --config C --dry-run --world-size N (N >= 1, e.g. nodes x 8)",
-                  file=sys.stderr)
+            print(
+                "error: a dry run needs --config C --dry-run --world-size N (N >= 1, e.g. nodes x 8)", file=sys.stderr
+            )
             return 2
         from titanloop.train.dry_run import main as dry_run_main  # (CLI: a bad command line answers in ~0.1 s)
 
@@ -96,13 +101,17 @@ def print_summary(run) -> None:
     if mesh.rank == 0:
         family = family_of(cfg)
         what = family.describe(cfg)
-        print(f"[titanloop] {what}: {run.n_params:,} parameters | world {mesh.world_size} "
-              f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
-              f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
-              f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
-              f"{cfg.loop_sampler.kind}", flush=True)
+        print(
+            f"[titanloop] {what}: {run.n_params:,} parameters | world {mesh.world_size} "
+            f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
+            f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
+            f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
+            f"{cfg.loop_sampler.kind}",
+            flush=True,
+        )
         for line in family.extra_summary(cfg, run):
             print(f"[titanloop] {line}", flush=True)
+
 
 if __name__ == "__main__":
     from titanloop.train.process_exit import exit_without_teardown

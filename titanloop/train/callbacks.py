@@ -95,8 +95,9 @@ class NonFinite(Callback):
 
     def __init__(self, max_in_a_row: int, on_nonfinite: str = "skip"):
         self.max_in_a_row = max_in_a_row if on_nonfinite == "skip" else 1
-        self.limit = (f"training.max_nan_steps={max_in_a_row}" if on_nonfinite == "skip"
-                      else "training.on_nonfinite='stop'")
+        self.limit = (
+            f"training.max_nan_steps={max_in_a_row}" if on_nonfinite == "skip" else "training.on_nonfinite='stop'"
+        )
 
     def pre_optim_step(self, run, result: StepResult) -> bool:
         if math.isfinite(result.loss):
@@ -115,17 +116,23 @@ class NonFinite(Callback):
         if state.nan_streak >= self.max_in_a_row and state.exit_code is None:
             state.exit_code = EXIT_CODE_NONFINITE
             if run.mesh.rank == 0:
-                print(f"error: stopped at step {state.step} after {state.nan_streak} non-finite steps (loss or "
-                      f"gradient norm) in a row ({self.limit}); see {self._dir(run)}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"error: stopped at step {state.step} after {state.nan_streak} non-finite steps (loss or "
+                    f"gradient norm) in a row ({self.limit}); see {self._dir(run)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _count(self, run, result: StepResult, what: str) -> None:
         state = run.state
         state.nan_streak += 1
         state.skipped_steps += 1
         if run.mesh.rank == 0:
-            print(f"step {result.step:5d} | {what}: step skipped ({state.nan_streak} in a row, limit "
-                  f"{self.max_in_a_row}); recorded in {self._dir(run)}", flush=True)
+            print(
+                f"step {result.step:5d} | {what}: step skipped ({state.nan_streak} in a row, limit "
+                f"{self.max_in_a_row}); recorded in {self._dir(run)}",
+                flush=True,
+            )
 
     @staticmethod
     def _dir(run) -> Path:
@@ -145,8 +152,9 @@ class Metrics(Callback):
     def __init__(self, run):
         cfg = run.cfg
         self.log_freq = cfg.metrics.log_freq
-        self.logger = MetricsLogger(cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict(),
-                                    trained_loops=cfg.looplm.n_loops)
+        self.logger = MetricsLogger(
+            cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict(), trained_loops=cfg.looplm.n_loops
+        )
 
     def post_step(self, run, result: StepResult) -> None:
         if result.skipped and result.validation:  # no training numbers to show at a skipped step
@@ -161,11 +169,18 @@ class Metrics(Callback):
         flops = family_of(cfg).flops_per_token(cfg, seq_len, result.n_loops, doc_lengths)
         flops *= tokens / result.seconds
         peak = H100_BF16_PEAK_FLOPS * mesh.world_size
-        scalars = {"loss": result.loss, "n_loops": result.n_loops, "gate_entropy": per_loop.pop("gate_entropy")[0],
-                   "grad_norm": result.grad_norm, "lr": result.lr, "tokens_per_s": tokens / result.seconds,
-                   "tflops": flops / 1e12, "skipped_steps": run.state.skipped_steps,
-                   "mfu": flops / peak if mesh.device_type == "cuda" else None,
-                   "attended_keys": attended_keys_per_token(seq_len, doc_lengths)}
+        scalars = {
+            "loss": result.loss,
+            "n_loops": result.n_loops,
+            "gate_entropy": per_loop.pop("gate_entropy")[0],
+            "grad_norm": result.grad_norm,
+            "lr": result.lr,
+            "tokens_per_s": tokens / result.seconds,
+            "tflops": flops / 1e12,
+            "skipped_steps": run.state.skipped_steps,
+            "mfu": flops / peak if mesh.device_type == "cuda" else None,
+            "attended_keys": attended_keys_per_token(seq_len, doc_lengths),
+        }
         if "jsrr" in per_loop:
             scalars["jsrr"] = per_loop.pop("jsrr")[0]
         if mesh.device_type == "cuda":  # this rank's peak since start (gpu_check compares it with the memory plan)
@@ -214,6 +229,9 @@ class Preemption(Callback):
         ckpt.wait()
         if run.mesh.rank == 0:
             saved = "checkpoint saved" if ckpt.cfg.enable else "checkpointing is disabled, nothing saved"
-            print(f"[titanloop] preempted at step {step} ({self.monitor.reason}): {saved}, "
-                  f"exiting with code {EXIT_CODE_PREEMPTED} so the job is requeued", flush=True)
+            print(
+                f"[titanloop] preempted at step {step} ({self.monitor.reason}): {saved}, "
+                f"exiting with code {EXIT_CODE_PREEMPTED} so the job is requeued",
+                flush=True,
+            )
         run.state.exit_code = EXIT_CODE_PREEMPTED

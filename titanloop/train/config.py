@@ -57,6 +57,7 @@ ENGINES = ("fsdp2", "deepspeed")
 @dataclass
 class ModelSection:
     """`preset` names a size in titanloop.model.config.PRESETS; other keys override LoopLMConfig fields."""
+
     preset: str = "debug-tiny"
     overrides: dict = field(default_factory=dict)
     looplm: LoopLMConfig = field(init=False, repr=False)  # the resolved model shape, built (and checked) once
@@ -77,14 +78,19 @@ class OptimizerSection:
     def validate(self):
         require_choice(self.name, "optimizer.name", ("AdamW", "Adam"))
         require(self.lr > 0, "optimizer.lr", self.lr, "a learning rate > 0")
-        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas", self.betas,
-                "two values in [0, 1), e.g. [0.9, 0.95]")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "optimizer.betas",
+            self.betas,
+            "two values in [0, 1), e.g. [0.9, 0.95]",
+        )
         require(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "a value >= 0")
 
 
 @dataclass
 class LRSchedulerSection:
     """Fields of torchtitan's LRSchedulersContainer.Config (linear warmup, stable, then decay)."""
+
     warmup_steps: int = 200
     decay_ratio: float | None = None  # None: decay right after warmup; 0.0: constant after warmup
     decay_type: str = "linear"  # linear | sqrt | cosine
@@ -128,8 +134,7 @@ class TrainingSection:
         require(self.steps >= 1, "training.steps", self.steps, "an integer >= 1")
         require(self.seq_len >= 2, "training.seq_len", self.seq_len, "an integer >= 2")
         require(self.micro_batch_size >= 1, "training.micro_batch_size", self.micro_batch_size, "an integer >= 1")
-        require(self.global_batch_size >= 1, "training.global_batch_size", self.global_batch_size,
-                "an integer >= 1")
+        require(self.global_batch_size >= 1, "training.global_batch_size", self.global_batch_size, "an integer >= 1")
         require(self.max_norm >= 0, "training.max_norm", self.max_norm, "a value >= 0 (0 disables clipping)")
         require_choice(self.dtype, "training.dtype", DTYPES)
         require_choice(self.float8, "training.float8", FLOAT8_RECIPES)
@@ -142,8 +147,12 @@ class TrainingSection:
         if self.batch_ramp_start == 0:
             return None
 
-        return BatchRamp(start=self.batch_ramp_start, end=self.global_batch_size, ramp_steps=self.batch_ramp_steps,
-                         increment=self.batch_ramp_increment or self.batch_ramp_start)
+        return BatchRamp(
+            start=self.batch_ramp_start,
+            end=self.global_batch_size,
+            ramp_steps=self.batch_ramp_steps,
+            increment=self.batch_ramp_increment or self.batch_ramp_start,
+        )
 
 
 @dataclass
@@ -160,8 +169,12 @@ class ParallelismSection:
     compile_backend: str = "inductor"
 
     def validate(self):
-        require(self.dp_shard == -1 or self.dp_shard >= 1, "parallelism.dp_shard", self.dp_shard,
-                "-1 (all remaining ranks) or an integer >= 1")
+        require(
+            self.dp_shard == -1 or self.dp_shard >= 1,
+            "parallelism.dp_shard",
+            self.dp_shard,
+            "-1 (all remaining ranks) or an integer >= 1",
+        )
         require(self.tp >= 1, "parallelism.tp", self.tp, "an integer >= 1")
         require_choice(self.reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
         require_choice(self.activation_checkpoint, "parallelism.activation_checkpoint", AC_MODES)
@@ -188,8 +201,12 @@ class MetricsSection:
     def validate(self):
         require(self.log_freq >= 1, "metrics.log_freq", self.log_freq, "an integer >= 1")
         require_choice(self.wandb, "metrics.wandb", WANDB_MODES)
-        require(self.straggler_warn == 0 or self.straggler_warn > 1, "metrics.straggler_warn", self.straggler_warn,
-                "0 (off) or a ratio > 1, e.g. 1.5 (warn when a rank is 1.5x slower than the median)")
+        require(
+            self.straggler_warn == 0 or self.straggler_warn > 1,
+            "metrics.straggler_warn",
+            self.straggler_warn,
+            "0 (off) or a ratio > 1, e.g. 1.5 (warn when a rank is 1.5x slower than the median)",
+        )
 
 
 @dataclass
@@ -210,11 +227,19 @@ class ValidationSection:
     def validate(self, train_data: DataConfig):
         require(self.freq >= 1, "validation.freq", self.freq, "an integer >= 1 (steps between validations)")
         require(self.steps >= 1, "validation.steps", self.steps, "an integer >= 1 (batches per data-parallel rank)")
-        require(self.batch_size >= 0, "validation.batch_size", self.batch_size,
-                "an integer >= 1, or 0 for training.micro_batch_size")
+        require(
+            self.batch_size >= 0,
+            "validation.batch_size",
+            self.batch_size,
+            "an integer >= 1, or 0 for training.micro_batch_size",
+        )
         for t in self.loops:
-            require(isinstance(t, int) and not isinstance(t, bool) and t >= 1, "validation.loops", t,
-                    "integers >= 1 (loop counts T)")
+            require(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 1,
+                "validation.loops",
+                t,
+                "integers >= 1 (loop counts T)",
+            )
         for q in self.q:
             require(isinstance(q, (int, float)) and 0 <= q <= 1, "validation.q", q, "thresholds in [0, 1]")
         if self.data:
@@ -224,8 +249,10 @@ class ValidationSection:
         elif train_data.kind == "synthetic_text":
             self.held_out = dataclasses.replace(train_data, seed=train_data.seed + 1, trace_samples=None)
         elif self.enable:
-            raise ConfigError(f"validation.data is empty with data.kind={train_data.kind!r}: give the held-out shard "
-                              "sets as [validation.data] kind = ..., sources = [{path = ...}]")
+            raise ConfigError(
+                f"validation.data is empty with data.kind={train_data.kind!r}: give the held-out shard "
+                "sets as [validation.data] kind = ..., sources = [{path = ...}]"
+            )
 
 
 @dataclass
@@ -241,8 +268,12 @@ class ProfilingSection:
     def validate(self):
         require(self.start_step >= 1, "profiling.start_step", self.start_step, "an integer >= 1")
         require(self.steps >= 1, "profiling.steps", self.steps, "an integer >= 1")
-        require(self.memory_snapshot_entries >= 1, "profiling.memory_snapshot_entries",
-                self.memory_snapshot_entries, "an integer >= 1")
+        require(
+            self.memory_snapshot_entries >= 1,
+            "profiling.memory_snapshot_entries",
+            self.memory_snapshot_entries,
+            "an integer >= 1",
+        )
 
 
 @dataclass
@@ -334,8 +365,10 @@ def _build_model(values: dict) -> ModelSection:
     types = _field_types(LoopLMConfig)
     unknown = sorted(set(values) - set(types))
     if unknown:
-        raise ConfigError(f"[model] has unknown key(s) {unknown}: allowed keys are ['preset', "
-                          f"{', '.join(repr(k) for k in sorted(types))}]")
+        raise ConfigError(
+            f"[model] has unknown key(s) {unknown}: allowed keys are ['preset', "
+            f"{', '.join(repr(k) for k in sorted(types))}]"
+        )
     overrides = {k: _coerce(v, types[k], f"model.{k}") for k, v in values.items()}
     return ModelSection(preset=name, overrides=overrides)
 
@@ -358,8 +391,9 @@ def parse_overrides(args: list[str]) -> dict[str, dict]:
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or "." not in arg:
-            raise ConfigError(f"argument {arg!r} is invalid: expected --<section>.<key> <value> "
-                              f"with a section in {SECTIONS}")
+            raise ConfigError(
+                f"argument {arg!r} is invalid: expected --<section>.<key> <value> with a section in {SECTIONS}"
+            )
         if "=" in arg:
             key, text = arg[2:].split("=", 1)
             i += 1
@@ -375,8 +409,9 @@ def parse_overrides(args: list[str]) -> dict[str, dict]:
     return out
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
-                world_size: int | None = None) -> TrainConfig:
+def load_config(
+    path: str | os.PathLike | None, overrides: list[str] | None = None, world_size: int | None = None
+) -> TrainConfig:
     """Read a TOML file (None = all defaults), apply `--section.key value` overrides and validate.
 
     world_size (default: $WORLD_SIZE, else 1) is checked against the parallelism section here, so a bad
@@ -417,8 +452,15 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         profiling=_build_section("profiling", ProfilingSection, raw.get("profiling", {})),
         source=str(path) if path is not None else None,
     )
-    for section in (cfg.stage, cfg.optimizer, cfg.lr_scheduler, cfg.training, cfg.parallelism, cfg.metrics,
-                    cfg.profiling):
+    for section in (
+        cfg.stage,
+        cfg.optimizer,
+        cfg.lr_scheduler,
+        cfg.training,
+        cfg.parallelism,
+        cfg.metrics,
+        cfg.profiling,
+    ):
         section.validate()
     cfg.validation.validate(cfg.data)
     validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
@@ -431,11 +473,15 @@ def one_loop_count(cfg: TrainConfig, retrofit_values: dict) -> None:
     model's default depth (`model.n_loops`, `retrofit.n_loops`) is derived from it here; a config that sets either
     to another value is refused in one line naming both fields."""
     t = cfg.loop_sampler.n_loops
-    for name, value in (("model.n_loops", cfg.model.overrides.get("n_loops")),
-                        ("retrofit.n_loops", retrofit_values.get("n_loops"))):
+    for name, value in (
+        ("model.n_loops", cfg.model.overrides.get("n_loops")),
+        ("retrofit.n_loops", retrofit_values.get("n_loops")),
+    ):
         if value is not None and value != t:
-            raise ConfigError(f"{name}={value} and loop_sampler.n_loops={t} disagree: the loop count T has one home, "
-                              f"[loop_sampler] n_loops; remove {name}")
+            raise ConfigError(
+                f"{name}={value} and loop_sampler.n_loops={t} disagree: the loop count T has one home, "
+                f"[loop_sampler] n_loops; remove {name}"
+            )
     m = cfg.model.looplm  # (a LoopLM's family check bounds T by max_loops; a retrofit does not use this section)
     cfg.model.overrides.pop("n_loops", None)
     cfg.model.looplm = m.replace(n_loops=t, max_loops=max(m.max_loops, t))
@@ -447,36 +493,65 @@ def mesh_degrees(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
     tp = cfg.parallelism.tp
     require(world_size % tp == 0, "parallelism.tp", tp, f"a divisor of the world size {world_size}")
     dp = world_size // tp if cfg.parallelism.dp_shard == -1 else cfg.parallelism.dp_shard
-    require(dp * tp == world_size, "parallelism.dp_shard", cfg.parallelism.dp_shard,
-            f"dp_shard * tp == world size ({dp} * {tp} != {world_size}); use -1 to fill the remaining ranks")
+    require(
+        dp * tp == world_size,
+        "parallelism.dp_shard",
+        cfg.parallelism.dp_shard,
+        f"dp_shard * tp == world size ({dp} * {tp} != {world_size}); use -1 to fill the remaining ranks",
+    )
     return dp, tp
 
 
 def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     """Cross-section checks that need the world size: mesh, TP vs heads, batch divisibility, loops."""
     dp, tp = mesh_degrees(cfg, world_size)
-    require(not (tp > 1 and cfg.parallelism.engine == "deepspeed"), "parallelism.tp", tp,
-            "1 with parallelism.engine='deepspeed' (ZeRO is data-parallel only; use engine='fsdp2' for tensor "
-            "parallelism)")
-    require(not (cfg.parallelism.engine == "deepspeed" and cfg.parallelism.zero_stage == 3
-                 and cfg.objective.jsrr_weight > 0), "objective.jsrr_weight", cfg.objective.jsrr_weight,
-            "0 with ZeRO-3 (its parameter gathering has no forward-mode AD for JSRR's Jacobian-vector products; "
-            "use parallelism.zero_stage=2 or engine='fsdp2')")
+    require(
+        not (tp > 1 and cfg.parallelism.engine == "deepspeed"),
+        "parallelism.tp",
+        tp,
+        "1 with parallelism.engine='deepspeed' (ZeRO is data-parallel only; use engine='fsdp2' for tensor parallelism)",
+    )
+    require(
+        not (
+            cfg.parallelism.engine == "deepspeed" and cfg.parallelism.zero_stage == 3 and cfg.objective.jsrr_weight > 0
+        ),
+        "objective.jsrr_weight",
+        cfg.objective.jsrr_weight,
+        "0 with ZeRO-3 (its parameter gathering has no forward-mode AD for JSRR's Jacobian-vector products; "
+        "use parallelism.zero_stage=2 or engine='fsdp2')",
+    )
     check_float8_layout(cfg, tp)  # titanloop.parallel.float8
     m = cfg.looplm
-    require(m.n_heads % tp == 0 and m.kv_heads % tp == 0, "parallelism.tp", tp,
-            f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}")
-    require(m.ffn_hidden_size % tp == 0, "parallelism.tp", tp,
-            f"a divisor of model.ffn_hidden_size={m.ffn_hidden_size}")
+    require(
+        m.n_heads % tp == 0 and m.kv_heads % tp == 0,
+        "parallelism.tp",
+        tp,
+        f"a divisor of model.n_heads={m.n_heads} and of the kv heads={m.kv_heads}",
+    )
+    require(
+        m.ffn_hidden_size % tp == 0, "parallelism.tp", tp, f"a divisor of model.ffn_hidden_size={m.ffn_hidden_size}"
+    )
     require(m.vocab_size % tp == 0, "parallelism.tp", tp, f"a divisor of model.vocab_size={m.vocab_size}")
-    require(not (tp > 1 and m.tie_embeddings), "model.tie_embeddings", True,
-            "false under tensor parallelism (the embedding is vocab-sharded, the LM head replicated)")
-    require(not (tp > 1 and cfg.objective.jsrr_weight > 0), "objective.jsrr_weight", cfg.objective.jsrr_weight,
-            "0 under tensor parallelism (the JSRR Jacobian-vector product runs on unsharded layers only)")
+    require(
+        not (tp > 1 and m.tie_embeddings),
+        "model.tie_embeddings",
+        True,
+        "false under tensor parallelism (the embedding is vocab-sharded, the LM head replicated)",
+    )
+    require(
+        not (tp > 1 and cfg.objective.jsrr_weight > 0),
+        "objective.jsrr_weight",
+        cfg.objective.jsrr_weight,
+        "0 under tensor parallelism (the JSRR Jacobian-vector product runs on unsharded layers only)",
+    )
     t = cfg.training
     if tp > 1 and cfg.parallelism.sequence_parallel:
-        require(t.seq_len % tp == 0, "training.seq_len", t.seq_len, f"a multiple of parallelism.tp={tp} "
-                "(sequence parallelism splits the sequence)")
+        require(
+            t.seq_len % tp == 0,
+            "training.seq_len",
+            t.seq_len,
+            f"a multiple of parallelism.tp={tp} (sequence parallelism splits the sequence)",
+        )
     micro_batches_per_rank(t.global_batch_size, t.micro_batch_size, dp)
     require(t.seq_len <= m.max_seq_len, "training.seq_len", t.seq_len, f"<= model.max_seq_len={m.max_seq_len}")
     ramp = t.batch_ramp()
@@ -502,14 +577,27 @@ def validation_loops(cfg: TrainConfig) -> list[int]:
 
 def check_validation_layout(cfg: TrainConfig, m: LoopLMConfig) -> None:
     v = cfg.validation
-    require(family_of(cfg).reads_out_every_loop, "validation.enable", True, "false for a retrofit run (validation "
-            "scores LoopLM readouts at every loop; a retrofit model decodes its last recurrence step only)")
+    require(
+        family_of(cfg).reads_out_every_loop,
+        "validation.enable",
+        True,
+        "false for a retrofit run (validation "
+        "scores LoopLM readouts at every loop; a retrofit model decodes its last recurrence step only)",
+    )
     if m.per_loop_norm:
-        require(max(validation_loops(cfg)) <= m.max_loops, "validation.loops", v.loops,
-                f"loop counts <= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)")
+        require(
+            max(validation_loops(cfg)) <= m.max_loops,
+            "validation.loops",
+            v.loops,
+            f"loop counts <= model.max_loops={m.max_loops} (per_loop_norm has one norm per loop)",
+        )
     d = v.held_out
     if d.kind == "synthetic_task" and d.split == "eval":
         options = {k: val for k, val in d.task_options.items() if k != "train_size"}
         vocab = build_task(d.task, seed=d.seed, **options).vocab_size
-        require(vocab <= m.vocab_size, "validation.data.task", d.task,
-                f"a task whose vocabulary ({vocab}) fits model.vocab_size={m.vocab_size}")
+        require(
+            vocab <= m.vocab_size,
+            "validation.data.task",
+            d.task,
+            f"a task whose vocabulary ({vocab}) fits model.vocab_size={m.vocab_size}",
+        )

@@ -38,8 +38,13 @@ from titanloop.train.startup import build_model, default_comm, init_mesh, param_
 from titanloop.train.validation import batch_size, held_out_batches
 
 # Tensors printed in the per-rank shapes table (the largest and one of each kind of projection).
-_SHAPE_KEYS = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-               "layers.0.mlp.down_proj.weight", "lm_head.weight")
+_SHAPE_KEYS = (
+    "embed_tokens.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+    "lm_head.weight",
+)
 
 
 def slurm_stages(repo: Path, retrofit: bool = True) -> list[tuple[str, str, int, list[str]]]:
@@ -117,8 +122,9 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
     lrs, loops, accums, tokens = [], set(), set(), 0
     for step in range(t.steps):
         factor = lam(step)
-        require(math.isfinite(factor) and factor >= 0, "lr_scheduler", factor, "a finite LR factor >= 0 at "
-                f"step {step}")
+        require(
+            math.isfinite(factor) and factor >= 0, "lr_scheduler", factor, f"a finite LR factor >= 0 at step {step}"
+        )
         if step in (0, cfg.lr_scheduler.warmup_steps, t.steps - 1):
             lrs.append((step, factor * cfg.optimizer.lr))
         if cfg.loop_sampler.kind != "fixed" or step == 0:
@@ -126,18 +132,23 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
         batch = ramp.batch_at(step) if ramp else t.global_batch_size
         accums.add(micro_batches_per_rank(batch, t.micro_batch_size, dp))  # the trainer's count (and check)
         tokens += batch * t.seq_len
-    report.add("schedules over all " + f"{t.steps:,} steps: LR " +
-               ", ".join(f"{lr:.3g} at step {s}" for s, lr in lrs) +
-               f" | loops T in {sorted(loops) if len(loops) < 6 else (min(loops), max(loops))}"
-               f" | grad accum {min(accums)}..{max(accums)} micro-batches of {t.micro_batch_size} x {t.seq_len}"
-               f" | {tokens / 1e12:.3f}T tokens")
+    report.add(
+        "schedules over all "
+        + f"{t.steps:,} steps: LR "
+        + ", ".join(f"{lr:.3g} at step {s}" for s, lr in lrs)
+        + f" | loops T in {sorted(loops) if len(loops) < 6 else (min(loops), max(loops))}"
+        f" | grad accum {min(accums)}..{max(accums)} micro-batches of {t.micro_batch_size} x {t.seq_len}"
+        f" | {tokens / 1e12:.3f}T tokens"
+    )
 
 
 def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
     data = cfg.data
     t = cfg.training
-    line = (f"data: {data.kind}, each of {dp} data-parallel ranks reads {t.micro_batch_size} x {t.seq_len} "
-            f"tokens per micro-batch")
+    line = (
+        f"data: {data.kind}, each of {dp} data-parallel ranks reads {t.micro_batch_size} x {t.seq_len} "
+        f"tokens per micro-batch"
+    )
     if data.sources:
         total = sum(s.weight for s in data.sources)
         line += "; sources " + ", ".join(f"{s.path} ({s.weight / total:.1%})" for s in data.sources)
@@ -146,8 +157,10 @@ def _data_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
         if missing:
             report.warnings.append(f"data sources not found here (fine if they exist on the cluster): {missing}")
         if placeholders:
-            report.warnings.append(f"{len(placeholders)} data source(s) are placeholders (YOUR-BUCKET): point "
-                                   "[data] sources at your shard sets")
+            report.warnings.append(
+                f"{len(placeholders)} data source(s) are placeholders (YOUR-BUCKET): point "
+                "[data] sources at your shard sets"
+            )
     report.add(line)
 
 
@@ -159,13 +172,15 @@ def _validation_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
         return
     d, b = v.held_out, batch_size(cfg)
     runs = t.steps // v.freq + (t.steps % v.freq != 0)
-    line = (f"validation: {runs} runs (every {v.freq} steps and the last), {v.steps} batches x {b} rows per "
-            f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {validation_loops(cfg)}, "
-            f"Q-exit q in {v.q}, held-out data {d.kind}")
+    line = (
+        f"validation: {runs} runs (every {v.freq} steps and the last), {v.steps} batches x {b} rows per "
+        f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {validation_loops(cfg)}, "
+        f"Q-exit q in {v.q}, held-out data {d.kind}"
+    )
     if d.kind in ("synthetic_task", "synthetic_text"):
         batches = held_out_batches(cfg, 0, dp)  # the reader rank 0 builds at the start of training
         scored = sum(int((x["labels"] != -100).sum()) for x in batches)
-        line += (f" ({d.task}, split {d.split})" if d.kind == "synthetic_task" else f" (seed {d.seed})")
+        line += f" ({d.task}, split {d.split})" if d.kind == "synthetic_task" else f" (seed {d.seed})"
         line += f"; rank 0 reader built: {len(batches)} batches, {scored:,} scored tokens"
     else:
         line += "; sources " + ", ".join(s.path for s in d.sources)
@@ -174,8 +189,10 @@ def _validation_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
         if missing:
             report.warnings.append(f"validation sources not found here (fine if they exist on the cluster): {missing}")
         if placeholders:
-            report.warnings.append(f"{len(placeholders)} validation source(s) are placeholders (YOUR-BUCKET): point "
-                                   "[validation.data] sources at your held-out shard sets")
+            report.warnings.append(
+                f"{len(placeholders)} validation source(s) are placeholders (YOUR-BUCKET): point "
+                "[validation.data] sources at your held-out shard sets"
+            )
     report.add(line)
 
 
@@ -185,23 +202,29 @@ def validation_memory_note(cfg: TrainConfig, activations: int, dtype_bytes: int 
     m, t = cfg.looplm, cfg.training
     t_max = max(max(validation_loops(cfg)), m.n_loops)
     held = 2 * t_max * batch_size(cfg) * t.seq_len * m.hidden_size * dtype_bytes
-    verdict = ("below the step's activations, so no new peak" if held < activations else
-               "MORE than the step's activations: lower validation.batch_size or validation.loops")
-    return (f"validation (counted, not measured): runs between steps, no backward; its forward to T={t_max} loops "
-            f"holds {t_max} readouts + {t_max} states [{batch_size(cfg)}, {t.seq_len}, {m.hidden_size}] = "
-            f"{held / 1e9:.2f} GB (+ one CE chunk), {verdict} ({activations / 1e9:.2f} GB)")
+    verdict = (
+        "below the step's activations, so no new peak"
+        if held < activations
+        else "MORE than the step's activations: lower validation.batch_size or validation.loops"
+    )
+    return (
+        f"validation (counted, not measured): runs between steps, no backward; its forward to T={t_max} loops "
+        f"holds {t_max} readouts + {t_max} states [{batch_size(cfg)}, {t.seq_len}, {m.hidden_size}] = "
+        f"{held / 1e9:.2f} GB (+ one CE chunk), {verdict} ({activations / 1e9:.2f} GB)"
+    )
 
 
-def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_size: int,
-                     report: DryRunReport) -> None:
+def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_size: int, report: DryRunReport) -> None:
     c, t = cfg.checkpoint, cfg.training
     # fp32 weights + two fp32 Adam moments of the trained ones (DCP writes each rank's shards; frozen parameters,
     # e.g. stage II's LM or a retrofit's base, get no gradient and so no optimizer state)
     size = n_params * 4 + n_trainable * 8
     if c.enable:
         saves = t.steps // c.interval + (t.steps % c.interval != 0)
-        report.add(f"checkpoints: {saves} saves to {t.run_dir}/{CheckpointConfig.folder} (every {c.interval} steps, "
-                   f"keep {c.keep_latest_k}), ~{size / 1e9:.1f} GB each, ~{size / world_size / 1e9:.2f} GB per rank")
+        report.add(
+            f"checkpoints: {saves} saves to {t.run_dir}/{CheckpointConfig.folder} (every {c.interval} steps, "
+            f"keep {c.keep_latest_k}), ~{size / 1e9:.1f} GB each, ~{size / world_size / 1e9:.2f} GB per rank"
+        )
     else:
         report.add("checkpoints: disabled")
     root = Path(t.run_dir) / CheckpointConfig.folder
@@ -209,16 +232,25 @@ def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_si
         report.add(f"  resumes from {root} step {layout.latest_step(root)}")
     elif cfg.stage.init_from:
         found = stages.checkpoint_folder(cfg.stage.init_from) if Path(cfg.stage.init_from).exists() else None
-        report.add(f"  starts from the previous stage {cfg.stage.init_from}"
-                   + (f" step {found[1]}" if found else " (not present here)")
-                   + (f", upcycled ({cfg.stage.upcycle})" if cfg.stage.upcycle != "none" else ""))
+        report.add(
+            f"  starts from the previous stage {cfg.stage.init_from}"
+            + (f" step {found[1]}" if found else " (not present here)")
+            + (f", upcycled ({cfg.stage.upcycle})" if cfg.stage.upcycle != "none" else "")
+        )
         if not found:
-            report.warnings.append(f"stage.init_from={cfg.stage.init_from!r} has no checkpoint here: the real "
-                                   "start needs the previous stage's checkpoints there")
+            report.warnings.append(
+                f"stage.init_from={cfg.stage.init_from!r} has no checkpoint here: the real "
+                "start needs the previous stage's checkpoints there"
+            )
 
 
-def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu_mem_gb: float = 80.0,
-            ) -> DryRunReport:
+def dry_run(
+    cfg: TrainConfig,
+    world_size: int,
+    *,
+    memory_plan: bool = False,
+    gpu_mem_gb: float = 80.0,
+) -> DryRunReport:
     """Everything a real start at `world_size` does, on a fake process group and meta tensors."""
     validate_layout(cfg, world_size)
     dp, tp = mesh_degrees(cfg, world_size)
@@ -232,19 +264,25 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         optimizers = build_optimizer(cfg, model, tp)
         lr_schedulers = build_lr_schedulers(cfg, optimizers)
         m = cfg.looplm
-        report.add(f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
-                   f"(fake backend, rank 0 of {world_size})")
+        report.add(
+            f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
+            f"(fake backend, rank 0 of {world_size})"
+        )
         what = family_of(cfg).describe(cfg)
-        report.add(f"{what}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
-                   f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
-                   f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
-                   f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors")
+        report.add(
+            f"{what}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
+            f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
+            f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
+            f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors"
+        )
         if cfg.training.float8 != "off":
             report.add(float8_summary(model, cfg.training.float8))
         if cfg.parallelism.engine != "fsdp2":
-            report.warnings.append(f"parallelism.engine={cfg.parallelism.engine!r}: its settings and the schedules are "
-                                   "checked, but the mesh and per-rank shapes shown are FSDP2's (ZeRO partitions its "
-                                   "own way) and --memory-plan is refused")
+            report.warnings.append(
+                f"parallelism.engine={cfg.parallelism.engine!r}: its settings and the schedules are "
+                "checked, but the mesh and per-rank shapes shown are FSDP2's (ZeRO partitions its "
+                "own way) and --memory-plan is refused"
+            )
         report.add("per-rank shapes:")
         _shape_table(model, report)
         _schedules(cfg, lr_schedulers, dp, report)
@@ -254,8 +292,9 @@ def dry_run(cfg: TrainConfig, world_size: int, *, memory_plan: bool = False, gpu
         if memory_plan:
             report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb)
             if cfg.validation.enable:
-                report.memory_plan.notes.append(validation_memory_note(
-                    cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize))
+                report.memory_plan.notes.append(
+                    validation_memory_note(cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize)
+                )
             report.add(report.memory_plan.text())
     return report
 

@@ -53,8 +53,10 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     timer = StepTimer.for_step(run, state.step)  # phase times on log steps only (titanloop.train.step_timer)
     start = time.perf_counter()
     count_casts = cfg.metrics.count_comms and cfg.training.float8 != "off"  # logged as comm/float8_weight_cast
-    with (count_collectives() if cfg.metrics.count_comms else nullcontext()) as comms, \
-            (count_weight_casts() if count_casts else nullcontext()) as casts:
+    with (
+        count_collectives() if cfg.metrics.count_comms else nullcontext() as comms,
+        count_weight_casts() if count_casts else nullcontext() as casts,
+    ):
         n_loops = run.loop_sampler(state.step)
         accum = run.dataloader.grad_accum_at(state.step - 1)
         lr = engine.lr()
@@ -95,9 +97,14 @@ class Accumulated:
     tokens: int  # tokens of the step over all data-parallel ranks
 
 
-def accumulate_gradients(run: Run, batches, n_loops: int, accum: int,
-                         before_micro_batch: Callable[[], None] | None = None,
-                         timer: StepTimer | None = None) -> Accumulated:
+def accumulate_gradients(
+    run: Run,
+    batches,
+    n_loops: int,
+    accum: int,
+    before_micro_batch: Callable[[], None] | None = None,
+    timer: StepTimer | None = None,
+) -> Accumulated:
     """The gradient-accumulation part of a step, shared by the trainer (train_step) and the memory plan: zero the
     gradients, then forward T loops + objective and backward for each of `accum` micro-batches from `batches`
     (gradients synchronized after the last one). `before_micro_batch` is a hook for the memory tracker."""
@@ -154,8 +161,9 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
             # one direction per sample, from (seed, global sample index): each rank probes its own samples, and a
             # resumed run (any world size) draws the same directions
             probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
-        return loop_objective(cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map,
-                              jsrr_state, probes)
+        return loop_objective(
+            cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map, jsrr_state, probes
+        )
 
     return run.engine.forward(forward_and_objective)
 
@@ -170,6 +178,6 @@ def mean_over_ranks(loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh) -> tupl
     per_loop, offset = {}, 1
     for k in keys:
         n = stats_sum[k].numel()
-        per_loop[k] = packed[offset:offset + n].tolist()
+        per_loop[k] = packed[offset : offset + n].tolist()
         offset += n
     return float(packed[0]), per_loop

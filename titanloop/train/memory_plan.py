@@ -37,10 +37,19 @@ from titanloop.train.startup import TrainState, build_model, param_dtype
 
 GB = 1e9
 # tracker category -> the plan's row
-_ROWS = {"Sharded Param": "parameters (sharded)", "Unsharded Param": "parameters (gathered)",
-         "Sharded Grad": "gradients (sharded)", "Unsharded Grad": "gradients (gathered)", "OptState": "optimizer",
-         "Activation": "activations", "Temp": "temporaries (backward, CE chunks)", "All Gather": "all-gather buffers",
-         "Reduce Scatter": "reduce-scatter buffers", "Buffer": "buffers", "Inputs": "inputs"}
+_ROWS = {
+    "Sharded Param": "parameters (sharded)",
+    "Unsharded Param": "parameters (gathered)",
+    "Sharded Grad": "gradients (sharded)",
+    "Unsharded Grad": "gradients (gathered)",
+    "OptState": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries (backward, CE chunks)",
+    "All Gather": "all-gather buffers",
+    "Reduce Scatter": "reduce-scatter buffers",
+    "Buffer": "buffers",
+    "Inputs": "inputs",
+}
 
 
 @dataclass
@@ -61,12 +70,16 @@ class MemoryPlan:
     @property
     def verdict(self) -> str:
         need = self.peak / GB + self.reserve_gb
-        return (f"peak {self.peak / GB:.1f} GB + {self.reserve_gb:.0f} GB reserve = {need:.1f} GB "
-                f"{'fits' if self.fits else 'does NOT fit'} in {self.gpu_mem_gb:.0f} GB per GPU")
+        return (
+            f"peak {self.peak / GB:.1f} GB + {self.reserve_gb:.0f} GB reserve = {need:.1f} GB "
+            f"{'fits' if self.fits else 'does NOT fit'} in {self.gpu_mem_gb:.0f} GB per GPU"
+        )
 
     def text(self) -> str:
-        lines = [f"memory plan per GPU (rank 0 of {self.world_size}, T={self.n_loops}, "
-                 f"{self.attention} attention; measured on fake tensors):"]
+        lines = [
+            f"memory plan per GPU (rank 0 of {self.world_size}, T={self.n_loops}, "
+            f"{self.attention} attention; measured on fake tensors):"
+        ]
         for name, value in self.rows.items():
             if value:
                 lines.append(f"  {name:36s} {value / GB:8.2f} GB")
@@ -84,8 +97,16 @@ def _fake_run(cfg: TrainConfig, mesh, engine):
     return types.SimpleNamespace(cfg=cfg, mesh=mesh, engine=engine, state=TrainState(step=1), jsrr_generator=None)
 
 
-def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batches: int = 2,
-                 attention: str = "fused", fake: bool = True, comm_bytes: dict | None = None) -> dict[str, int]:
+def measure_step(
+    cfg: TrainConfig,
+    mesh,
+    param_dtype: torch.dtype,
+    *,
+    micro_batches: int = 2,
+    attention: str = "fused",
+    fake: bool = True,
+    comm_bytes: dict | None = None,
+) -> dict[str, int]:
     """Peak bytes by tracker category over two optimizer steps of `cfg` on this rank (the second one holds the
     optimizer state).
 
@@ -115,17 +136,20 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
         engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
         run = _fake_run(cfg, mesh, engine)
         run.tracker = tracker = FSDPMemTracker(model, optimizers.optimizers[0])
-        batch = {"input_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
-                 "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
-                 "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long)}
+        batch = {
+            "input_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
+            "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
+            "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
+        }
         tracker.track_inputs((batch["input_ids"],))
         with tracker, kernel:
             for step in range(2):  # the second step runs with the optimizer state the first one created
                 counting = count_collective_bytes() if step == 1 else contextlib.nullcontext()
                 with counting as nbytes:
                     # the trainer's own step (titanloop.train.loop), without the loss all-reduce and callbacks
-                    accumulate_gradients(run, itertools.repeat(batch), n_loops, micro_batches,
-                                         before_micro_batch=tracker.reset_mod_stats)  # per-module stats only
+                    accumulate_gradients(
+                        run, itertools.repeat(batch), n_loops, micro_batches, before_micro_batch=tracker.reset_mod_stats
+                    )  # per-module stats only
                     engine.step(max_norm(cfg))
                 if comm_bytes is not None and nbytes is not None:
                     comm_bytes.update(nbytes)
@@ -133,27 +157,36 @@ def measure_step(cfg: TrainConfig, mesh, param_dtype: torch.dtype, *, micro_batc
     return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
 
 
-def plan_memory(cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0,
-                attention: str = "fused") -> MemoryPlan:
+def plan_memory(
+    cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0, attention: str = "fused"
+) -> MemoryPlan:
     """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
-    require(cfg.parallelism.engine == "fsdp2", "parallelism.engine", cfg.parallelism.engine,
-            "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)")
+    require(
+        cfg.parallelism.engine == "fsdp2",
+        "parallelism.engine",
+        cfg.parallelism.engine,
+        "'fsdp2' for --memory-plan (it measures the FSDP2 step; DeepSpeed ZeRO is not planned)",
+    )
     # Document masking is planned as causal attention (same memory with varlen / flash varlen). Fake tensors
     # run the CUDA varlen path's forward only (with a ShapeEnv for the data-dependent cu_seqlens); its backward
     # needs a real CUDA context (tests/test_attention_varlen.py), and the CPU kernels differ.
     planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))
     ramp = cfg.training.batch_ramp()
-    accum = micro_batches_per_rank(ramp.end if ramp else cfg.training.global_batch_size,
-                                   cfg.training.micro_batch_size, mesh.dp_world)  # the trainer's count at full batch
+    accum = micro_batches_per_rank(
+        ramp.end if ramp else cfg.training.global_batch_size, cfg.training.micro_batch_size, mesh.dp_world
+    )  # the trainer's count at full batch
     snap = measure_step(planned, mesh, param_dtype(cfg, "cuda"), micro_batches=min(2, accum), attention=attention)
     rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
     n_loops = cfg.loop_sampler.bounds()[1]
     notes = []
     if cfg.training.float8 != "off":
         gathered = "float8" if cfg.training.float8 == "tensorwise" else "bf16"
-        notes.append(f"float8 {cfg.training.float8}: measured with torchao's float8 casts and matmuls on fake tensors "
-                     f"({gathered} weights gathered, high-precision inputs saved for backward)")
+        notes.append(
+            f"float8 {cfg.training.float8}: measured with torchao's float8 casts and matmuls on fake tensors "
+            f"({gathered} weights gathered, high-precision inputs saved for backward)"
+        )
     if cfg.parallelism.compile:
         notes.append("planned eager: torch.compile usually lowers activation memory (fused elementwise ops)")
-    return MemoryPlan(mesh.world_size, n_loops, rows, snap.get("Total", sum(rows.values())), gpu_mem_gb,
-                      reserve_gb, attention, notes)
+    return MemoryPlan(
+        mesh.world_size, n_loops, rows, snap.get("Total", sum(rows.values())), gpu_mem_gb, reserve_gb, attention, notes
+    )

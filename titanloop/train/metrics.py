@@ -32,6 +32,7 @@ CHART_EVERY = 100  # logged steps between two loss-by-loop charts (and at every 
 
 def git_commit(repo: str | os.PathLike = Path(__file__).resolve().parents[2]) -> dict:
     """{"commit": sha or None, "dirty": bool or None} of the titanloop checkout (recorded in the W&B config)."""
+
     def git(*args):
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
 
@@ -39,8 +40,10 @@ def git_commit(repo: str | os.PathLike = Path(__file__).resolve().parents[2]) ->
         sha = git("rev-parse", "HEAD")
         if sha.returncode != 0:
             return {"commit": None, "dirty": None}
-        return {"commit": sha.stdout.strip(), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")
-                                                            .stdout.strip())}
+        return {
+            "commit": sha.stdout.strip(),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip()),
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 
@@ -97,10 +100,11 @@ def validation_line(step: int, val: dict, t_train: int) -> str:
     losses = " ".join(f"{t}:{val[f'val/loss/loop_{t}']:.3f}" for t in loops)
     ppl = " ".join(f"{t}:{val[f'val/ppl/loop_{t}']:.2f}" for t in loops if t in (t_train, 2 * t_train))
     qs = sorted({k.split("/")[2] for k in val if k.startswith("val/q_exit/")}, key=lambda s: float(s[1:]))
-    q_part = " ".join(f"{q[1:]}->{val[f'val/q_exit/{q}/loss']:.3f}@{val[f'val/q_exit/{q}/avg_loops']:.2f}"
-                      for q in qs)
-    return (f"val  {step:5d} | loss/T {losses} | ppl/T {ppl} | E[exit] {val['val/exit_depth']:.2f} of {t_train} | "
-            f"q-exit loss@loops {q_part} | {int(val['val/tokens']):,} tokens {val['val/seconds']:.1f}s")
+    q_part = " ".join(f"{q[1:]}->{val[f'val/q_exit/{q}/loss']:.3f}@{val[f'val/q_exit/{q}/avg_loops']:.2f}" for q in qs)
+    return (
+        f"val  {step:5d} | loss/T {losses} | ppl/T {ppl} | E[exit] {val['val/exit_depth']:.2f} of {t_train} | "
+        f"q-exit loss@loops {q_part} | {int(val['val/tokens']):,} tokens {val['val/seconds']:.1f}s"
+    )
 
 
 def _val_losses(validation: dict) -> dict:
@@ -129,18 +133,29 @@ class MetricsLogger:
         # is off. Training never stops because of W&B.
         for attempt in [mode, "offline"] if mode == "online" else [mode]:
             try:
-                self.run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity,
-                                      name=cfg.run_name or run_id, id=run_id, resume="allow", dir=str(run_dir),
-                                      mode=attempt, config={**config_dict, "git": git_commit()},
-                                      settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False))
+                self.run = wandb.init(
+                    project=cfg.wandb_project,
+                    entity=cfg.wandb_entity,
+                    name=cfg.run_name or run_id,
+                    id=run_id,
+                    resume="allow",
+                    dir=str(run_dir),
+                    mode=attempt,
+                    config={**config_dict, "git": git_commit()},
+                    settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False),
+                )
                 print(f"[titanloop] W&B {attempt} run id {run_id} in {run_dir}", flush=True)
                 break
             except Exception as e:  # noqa: BLE001 - any W&B failure (CommError, UsageError, ...)
                 reason = (str(e).strip().splitlines() or [""])[0]
-                then = ("logging offline instead (upload later with `wandb sync`)" if attempt == "online" else
-                        "W&B is off for this run (stdout and metrics.jsonl continue)")
-                print(f"[titanloop] warning: W&B {attempt} init failed ({type(e).__name__}: {reason}); {then}",
-                      flush=True)
+                then = (
+                    "logging offline instead (upload later with `wandb sync`)"
+                    if attempt == "online"
+                    else "W&B is off for this run (stdout and metrics.jsonl continue)"
+                )
+                print(
+                    f"[titanloop] warning: W&B {attempt} init failed ({type(e).__name__}: {reason}); {then}", flush=True
+                )
                 try:  # the failed run still holds its id in W&B's service: release it before the next attempt
                     wandb.teardown()
                 except Exception:  # noqa: BLE001
@@ -150,11 +165,13 @@ class MetricsLogger:
         if self.rank != 0:
             return
         mfu = scalars.get("mfu")
-        line = (f"step {step:5d} | loss {scalars['loss']:.4f} | T {int(scalars['n_loops'])} | "
-                f"ce/loop {format_vector(per_loop['ce'])} | p(t) {format_vector(per_loop['exit_prob'], '{:.2f}')} | "
-                f"H(p) {scalars['gate_entropy']:.3f} | rms/loop {format_vector(per_loop['hidden_rms'], '{:.2f}')} | "
-                f"gnorm {scalars['grad_norm']:.3f} | lr {scalars['lr']:.2e} | tok/s {scalars['tokens_per_s']:.0f} | "
-                f"TFLOP/s {scalars['tflops']:.3f} | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}")
+        line = (
+            f"step {step:5d} | loss {scalars['loss']:.4f} | T {int(scalars['n_loops'])} | "
+            f"ce/loop {format_vector(per_loop['ce'])} | p(t) {format_vector(per_loop['exit_prob'], '{:.2f}')} | "
+            f"H(p) {scalars['gate_entropy']:.3f} | rms/loop {format_vector(per_loop['hidden_rms'], '{:.2f}')} | "
+            f"gnorm {scalars['grad_norm']:.3f} | lr {scalars['lr']:.2e} | tok/s {scalars['tokens_per_s']:.0f} | "
+            f"TFLOP/s {scalars['tflops']:.3f} | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}"
+        )
         if "jsrr" in scalars:
             line += f" | jsrr {scalars['jsrr']:.4f}"
         if scalars.get("skipped_steps"):
@@ -198,11 +215,11 @@ class MetricsLogger:
         charts = {}
         try:
             if self.train_history:
-                charts["loss_by_loop/train_ce"] = loss_by_loop_chart(self.train_history, "training CE by loop",
-                                                                     "loop ")
+                charts["loss_by_loop/train_ce"] = loss_by_loop_chart(self.train_history, "training CE by loop", "loop ")
             if self.val_history:
-                charts["loss_by_loop/val_loss"] = loss_by_loop_chart(self.val_history, "held-out loss by loop count",
-                                                                     "T=")
+                charts["loss_by_loop/val_loss"] = loss_by_loop_chart(
+                    self.val_history, "held-out loss by loop count", "T="
+                )
         except Exception as e:  # noqa: BLE001 - a chart never stops training
             print(f"[titanloop] warning: W&B chart failed ({type(e).__name__}: {e})", flush=True)
         return charts
@@ -218,8 +235,11 @@ class MetricsLogger:
         try:
             getattr(self.run, method)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any W&B failure
-            print(f"[titanloop] warning: W&B {method} failed ({type(e).__name__}: {e}); W&B logging is off for the "
-                  "rest of this run (stdout and metrics.jsonl continue)", flush=True)
+            print(
+                f"[titanloop] warning: W&B {method} failed ({type(e).__name__}: {e}); W&B logging is off for the "
+                "rest of this run (stdout and metrics.jsonl continue)",
+                flush=True,
+            )
             self.run = None
 
     def close(self) -> None:

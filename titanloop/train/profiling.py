@@ -45,17 +45,26 @@ class CudaMemory:
 
 def memory_summary(snapshot: dict, peaks: tuple[int, int], top: int = 10) -> str:
     """A short text summary of an allocator snapshot: peaks, live memory by segment, the largest live blocks."""
-    blocks = [b for seg in snapshot.get("segments", []) for b in seg.get("blocks", [])
-              if b.get("state") == "active_allocated"]
+    blocks = [
+        b for seg in snapshot.get("segments", []) for b in seg.get("blocks", []) if b.get("state") == "active_allocated"
+    ]
     reserved = sum(seg.get("total_size", 0) for seg in snapshot.get("segments", []))
-    lines = [f"peak allocated {peaks[0] / 2**30:.3f} GiB, peak reserved {peaks[1] / 2**30:.3f} GiB",
-             f"at the snapshot: {sum(b['size'] for b in blocks) / 2**30:.3f} GiB live in {len(blocks)} blocks, "
-             f"{reserved / 2**30:.3f} GiB reserved in {len(snapshot.get('segments', []))} segments",
-             "largest live blocks (size, allocated at):"]
+    lines = [
+        f"peak allocated {peaks[0] / 2**30:.3f} GiB, peak reserved {peaks[1] / 2**30:.3f} GiB",
+        f"at the snapshot: {sum(b['size'] for b in blocks) / 2**30:.3f} GiB live in {len(blocks)} blocks, "
+        f"{reserved / 2**30:.3f} GiB reserved in {len(snapshot.get('segments', []))} segments",
+        "largest live blocks (size, allocated at):",
+    ]
     for b in sorted(blocks, key=lambda b: -b["size"])[:top]:
         frames = b.get("frames") or []
-        where = next((f"{f['filename']}:{f['line']} {f['name']}" for f in frames
-                      if "torch/" not in f.get("filename", "")), "?") if frames else "?"
+        where = (
+            next(
+                (f"{f['filename']}:{f['line']} {f['name']}" for f in frames if "torch/" not in f.get("filename", "")),
+                "?",
+            )
+            if frames
+            else "?"
+        )
         lines.append(f"  {b['size'] / 2**20:10.1f} MiB  {where}")
     return "\n".join(lines) + "\n"
 
@@ -73,8 +82,11 @@ class Profiling(Callback):
         self.max_entries = p.memory_snapshot_entries
         self.profiler = None
         if p.memory_snapshot and not self.cuda and self.rank == 0:
-            print("[titanloop] profiling.memory_snapshot: CUDA only, skipped on this "
-                  f"{run.mesh.device_type} run (the profiler trace is still written)", flush=True)
+            print(
+                "[titanloop] profiling.memory_snapshot: CUDA only, skipped on this "
+                f"{run.mesh.device_type} run (the profiler trace is still written)",
+                flush=True,
+            )
 
     def pre_train(self, run) -> None:
         if self.memory is not None:
@@ -105,8 +117,11 @@ class Profiling(Callback):
         if self.memory is not None:
             self._dump(out)
         if self.rank == 0:
-            print(f"[titanloop] profiler: steps {self.first}-{step} traced to {out}/rank*_trace.json"
-                  + (" (+ CUDA memory snapshots)" if self.memory is not None else ""), flush=True)
+            print(
+                f"[titanloop] profiler: steps {self.first}-{step} traced to {out}/rank*_trace.json"
+                + (" (+ CUDA memory snapshots)" if self.memory is not None else ""),
+                flush=True,
+            )
 
     def _dump(self, out: Path) -> None:
         snapshot = self.memory.snapshot()
@@ -118,8 +133,11 @@ class Profiling(Callback):
     def _out_of_memory(self, device, alloc, device_alloc, device_free) -> None:
         out = self.root / "oom"
         self._dump(out)
-        print(f"[titanloop] rank {self.rank} ran out of CUDA memory (asked {alloc / 2**20:.1f} MiB): memory snapshot "
-              f"in {out}/rank{self.rank}_memory_snapshot.pickle", flush=True)
+        print(
+            f"[titanloop] rank {self.rank} ran out of CUDA memory (asked {alloc / 2**20:.1f} MiB): memory snapshot "
+            f"in {out}/rank{self.rank}_memory_snapshot.pickle",
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.profiler is not None:  # the run ended inside the window

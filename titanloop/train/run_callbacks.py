@@ -17,5 +17,9 @@ def default_callbacks(run) -> list[Callback]:
     callbacks.append(GarbageCollector())
     if run.cfg.validation.enable:
         callbacks.append(Validation(run))  # before Metrics, which logs its numbers
-    return callbacks + [Metrics(run), Checkpointing(), Preemption(run),
-                        NonFinite(run.cfg.training.max_nan_steps, run.cfg.training.on_nonfinite)]
+    return callbacks + [
+        Metrics(run),
+        Checkpointing(),
+        Preemption(run),
+        NonFinite(run.cfg.training.max_nan_steps, run.cfg.training.on_nonfinite),
+    ]

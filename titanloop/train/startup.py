@@ -108,14 +108,24 @@ def init_mesh(cfg: TrainConfig, comm: CommConfig | None = None) -> Mesh:
     tt_utils.device_module.set_device(device)
     world_size = dist_utils.init_distributed(comm or default_comm(), base_folder=cfg.training.run_dir)
     dp, tp = mesh_degrees(cfg, world_size)
-    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=1, ep=1, world_size=world_size,
-                        spmd_backend="partial_dtensor")
+    dims = ParallelDims(
+        dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=1, ep=1, world_size=world_size, spmd_backend="partial_dtensor"
+    )
     dims.build_mesh()
     tp_mesh = dims.get_optional_mesh("tp")
     batch_mesh = dims.get_optional_mesh("batch")
     dp_rank, dp_world = (batch_mesh.get_local_rank(), batch_mesh.size()) if batch_mesh else (0, 1)
-    return Mesh(dims, device, device_type, dist.get_rank(), dist.get_world_size(), dp_rank, dp_world, tp_mesh,
-                tp_mesh if cfg.parallelism.sequence_parallel else None)
+    return Mesh(
+        dims,
+        device,
+        device_type,
+        dist.get_rank(),
+        dist.get_world_size(),
+        dp_rank,
+        dp_world,
+        tp_mesh,
+        tp_mesh if cfg.parallelism.sequence_parallel else None,
+    )
 
 
 def param_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
@@ -150,6 +160,7 @@ def build_stage_engine(cfg: TrainConfig, model: nn.Module, mesh: Mesh, dtype: to
     """The engine `parallelism.engine` names (titanloop.train.engines); a new stage (stage_init) starts from the
     previous stage's weights and, where the stage keeps it, its optimizer state (titanloop.recipe.stages). This is
     the one place a stage is initialized, for either engine."""
+
     def previous_stage_weights(module: nn.Module) -> None:
         stages.load_stage_weights(module, cfg.stage, stages.previous_stage_state(cfg.stage, module))
 
@@ -162,9 +173,16 @@ def build_stage_engine(cfg: TrainConfig, model: nn.Module, mesh: Mesh, dtype: to
 def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
     t = cfg.training
     ramp = t.batch_ramp()  # per-step global batch (stage-1 ramp) or None
-    return build_dataloader(cfg.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                            global_batch_size=t.global_batch_size, dp_rank=mesh.dp_rank, dp_world=mesh.dp_world,
-                            vocab_size=cfg.looplm.vocab_size, batch_schedule=ramp.batch_at if ramp else None)
+    return build_dataloader(
+        cfg.data,
+        seq_len=t.seq_len,
+        micro_batch_size=t.micro_batch_size,
+        global_batch_size=t.global_batch_size,
+        dp_rank=mesh.dp_rank,
+        dp_world=mesh.dp_world,
+        vocab_size=cfg.looplm.vocab_size,
+        batch_schedule=ramp.batch_at if ramp else None,
+    )
 
 
 def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoader, state: TrainState) -> Checkpointer:
@@ -172,8 +190,14 @@ def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoade
     global position, the train state, per-rank RNG, the resolved config, the stage name and the trained depth (the
     loop sampler's T, which evaluation and export read back; docs/checkpointing.md)."""
     states = {**engine.checkpoint_states(), "dataloader": dataloader, "train_state": state}
-    return Checkpointer(cfg.checkpoint, cfg.training.run_dir, states, config=cfg.to_dict(),
-                        stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"), trained_depth=trained_depth(cfg))
+    return Checkpointer(
+        cfg.checkpoint,
+        cfg.training.run_dir,
+        states,
+        config=cfg.to_dict(),
+        stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"),
+        trained_depth=trained_depth(cfg),
+    )
 
 
 def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:

@@ -35,8 +35,16 @@ PHASES = ("data", "forward", "backward", "allreduce", "optimizer", "wait")
 class StepTimer:
     """Phase times of one step (module docstring); inactive (free) unless `active`."""
 
-    def __init__(self, active: bool, device_type: str = "cpu", *, synchronize=None, barrier=None,
-                 all_gather=None, clock=time.perf_counter):
+    def __init__(
+        self,
+        active: bool,
+        device_type: str = "cpu",
+        *,
+        synchronize=None,
+        barrier=None,
+        all_gather=None,
+        clock=time.perf_counter,
+    ):
         self.active = active
         self.clock = clock
         self.times = dict.fromkeys(PHASES, 0.0)
@@ -75,8 +83,12 @@ class StepTimer:
             return {}
         mine = [step_seconds, step_seconds - self.times["wait"], *(self.times[p] for p in PHASES)]
         ranks = self._all_gather(torch.tensor(mine, dtype=torch.float64))
-        return {"phases": dict(self.times), "step": step_seconds, "rank_step": [r[0] for r in ranks],
-                "rank_busy": [r[1] for r in ranks]}
+        return {
+            "phases": dict(self.times),
+            "step": step_seconds,
+            "rank_step": [r[0] for r in ranks],
+            "rank_busy": [r[1] for r in ranks],
+        }
 
 
 def _all_gather(x: torch.Tensor) -> list[list[float]]:
@@ -95,23 +107,34 @@ def breakdown_scalars(timings: dict) -> dict:
     slowest = max(range(len(busy)), key=busy.__getitem__)
     median = statistics.median_low(busy)
     out = {f"time/{p}_s": v for p, v in timings["phases"].items()}
-    out.update({"time/step_s": timings["step"], "time/busy_s": timings["step"] - timings["phases"]["wait"],
-                "time/slowest_rank": slowest, "time/slowest_busy_s": busy[slowest], "time/median_busy_s": median,
-                "time/slowest_vs_median": busy[slowest] / median if median > 0 else float("inf")})
+    out.update(
+        {
+            "time/step_s": timings["step"],
+            "time/busy_s": timings["step"] - timings["phases"]["wait"],
+            "time/slowest_rank": slowest,
+            "time/slowest_busy_s": busy[slowest],
+            "time/median_busy_s": median,
+            "time/slowest_vs_median": busy[slowest] / median if median > 0 else float("inf"),
+        }
+    )
     return out
 
 
 def breakdown_line(step: int, s: dict) -> str:
     phases = " + ".join(f"{p} {s[f'time/{p}_s']:.3f}" for p in PHASES)
     untimed = s["time/step_s"] - sum(s[f"time/{p}_s"] for p in PHASES)
-    return (f"time {step:5d} | step {s['time/step_s']:.3f} s = {phases} (+{untimed:.3f} untimed) | slowest rank "
-            f"{s['time/slowest_rank']}: busy {s['time/slowest_busy_s']:.3f} s vs median rank "
-            f"{s['time/median_busy_s']:.3f} s ({s['time/slowest_vs_median']:.2f}x)")
+    return (
+        f"time {step:5d} | step {s['time/step_s']:.3f} s = {phases} (+{untimed:.3f} untimed) | slowest rank "
+        f"{s['time/slowest_rank']}: busy {s['time/slowest_busy_s']:.3f} s vs median rank "
+        f"{s['time/median_busy_s']:.3f} s ({s['time/slowest_vs_median']:.2f}x)"
+    )
 
 
 def straggler_warning(step: int, s: dict, threshold: float) -> str | None:
     if not s or threshold <= 0 or s["time/slowest_vs_median"] < threshold:
         return None
-    return (f"[titanloop] warning: straggler at step {step}: rank {s['time/slowest_rank']} busy "
-            f"{s['time/slowest_busy_s']:.3f} s is {s['time/slowest_vs_median']:.2f}x the median rank's "
-            f"{s['time/median_busy_s']:.3f} s (metrics.straggler_warn = {threshold:g})")
+    return (
+        f"[titanloop] warning: straggler at step {step}: rank {s['time/slowest_rank']} busy "
+        f"{s['time/slowest_busy_s']:.3f} s is {s['time/slowest_vs_median']:.2f}x the median rank's "
+        f"{s['time/median_busy_s']:.3f} s (metrics.straggler_warn = {threshold:g})"
+    )

@@ -57,9 +57,15 @@ def held_out_batches(cfg: TrainConfig, dp_rank: int, dp_world: int) -> list[dict
         every = list(eval_batches(task, v.steps * b * dp_world, b, seed=d.seed))
         return every[dp_rank::dp_world]
 
-    loader = build_dataloader(dataclasses.replace(d, prefetch=0), seq_len=cfg.training.seq_len, micro_batch_size=b,
-                              global_batch_size=b * dp_world, dp_rank=dp_rank, dp_world=dp_world,
-                              vocab_size=cfg.looplm.vocab_size)
+    loader = build_dataloader(
+        dataclasses.replace(d, prefetch=0),
+        seq_len=cfg.training.seq_len,
+        micro_batch_size=b,
+        global_batch_size=b * dp_world,
+        dp_rank=dp_rank,
+        dp_world=dp_world,
+        vocab_size=cfg.looplm.vocab_size,
+    )
     try:
         return list(itertools.islice(iter(loader), v.steps))
     finally:
@@ -68,6 +74,7 @@ def held_out_batches(cfg: TrainConfig, dp_rank: int, dp_world: int) -> list[dict
 
 class _SavedRNG:
     """torch (CPU and CUDA), Python and NumPy RNG states, restored on exit."""
+
     def __enter__(self):
         self.torch = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -124,10 +131,17 @@ def rank_stats(run, batches: list[dict], n_loops: int) -> LoopStats | None:
         return None
     ce = torch.cat(parts["ce"], 1)
     row = torch.unique(torch.cat(parts["row"]), return_inverse=True)[1]
-    return LoopStats(ce=ce, correct=torch.cat(parts["correct"], 1), margin=torch.cat(parts["margin"], 1),
-                     ash_delta=torch.cat(parts["ash"], 1), hidden_delta=torch.zeros_like(ce),
-                     gate_logits=torch.cat(parts["gate"], 1), row=row, n_rows=int(row.max()) + 1,
-                     state_rms=torch.zeros(ce.shape[0], 0))
+    return LoopStats(
+        ce=ce,
+        correct=torch.cat(parts["correct"], 1),
+        margin=torch.cat(parts["margin"], 1),
+        ash_delta=torch.cat(parts["ash"], 1),
+        hidden_delta=torch.zeros_like(ce),
+        gate_logits=torch.cat(parts["gate"], 1),
+        row=row,
+        n_rows=int(row.max()) + 1,
+        state_rms=torch.zeros(ce.shape[0], 0),
+    )
 
 
 def _sums(stats: LoopStats | None, loops: list[int], qs: list[float], t_train: int) -> list[float]:
@@ -187,6 +201,7 @@ def validate(run, batches: list[dict]) -> dict:
 class Validation(Callback):
     """Every validation.freq steps and at the last step: `validate` on this rank's held-out batches; the result
     rides on the StepResult to the Metrics callback (stdout line, metrics.jsonl and W&B under val/)."""
+
     def __init__(self, run):
         self.freq = run.cfg.validation.freq
         self.batches: list[dict] | None = None

@@ -69,8 +69,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
 
     def forward(self, x, proj):
-        return proj(self.down_proj, "down_proj",
-                    F.silu(proj(self.gate_proj, "gate_proj", x)) * proj(self.up_proj, "up_proj", x))
+        return proj(
+            self.down_proj, "down_proj", F.silu(proj(self.gate_proj, "gate_proj", x)) * proj(self.up_proj, "up_proj", x)
+        )
 
 
 class Layer(nn.Module):
@@ -91,8 +92,15 @@ class LoRABases(nn.Module):
         super().__init__()
         q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         h, f = c.hidden_size, c.intermediate_size
-        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, f),
-                "up_proj": (h, f), "down_proj": (f, h)}
+        dims = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
         for k, (d_in, d_out) in dims.items():
             self.register_parameter(f"{k}_A", nn.Parameter(torch.zeros(c.lora_rank, d_in)))
             self.register_parameter(f"{k}_B", nn.Parameter(torch.zeros(d_out, c.lora_rank)))
@@ -101,6 +109,7 @@ class LoRABases(nn.Module):
         def proj(lin, target, x):
             a = F.linear(x, getattr(self, f"{target}_A"))
             return lin(x) + scale * F.linear(a * deltas[target], getattr(self, f"{target}_B"))
+
         return proj
 
 
@@ -150,8 +159,7 @@ class RetrofitModel(nn.Module):
         self.lora = LoRABases(c) if c.modulation != "none" else None
         self.modulation = {"controller": Controller, "static": Static}.get(c.modulation, lambda c: None)(c)
         self.recurrence_gate = nn.Linear(2 * d, d) if c.gated_recurrence else None
-        self.step_norms = nn.ModuleList(RMSNorm(d, c.rms_norm_eps) for _ in range(c.max_loops)) \
-            if c.step_norm else None
+        self.step_norms = nn.ModuleList(RMSNorm(d, c.rms_norm_eps) for _ in range(c.max_loops)) if c.step_norm else None
 
     def forward(self, input_ids, n_loops):
         c = self.config

@@ -1,8 +1,8 @@
 """Training engines behind one seam (titanloop.train.engines.base): FSDP2 (+TP) and DeepSpeed ZeRO-2/3.
 
-    build_engine(cfg, model, mesh, param_dtype, load_weights)   the engine `parallelism.engine` names
-    check_engine_config(parallelism)                           each engine's own setting checks (config
-                                                               validation calls it; one-line ConfigError)
+build_engine(cfg, model, mesh, param_dtype, load_weights)   the engine `parallelism.engine` names
+check_engine_config(parallelism)                           each engine's own setting checks (config
+                                                           validation calls it; one-line ConfigError)
 """
 
 from __future__ import annotations
@@ -17,20 +17,35 @@ from titanloop.train.engines.base import Engine, build_lr_schedulers, init_weigh
 from titanloop.train.engines.deepspeed import DeepSpeedEngine, build_deepspeed_engine, check_zero_settings
 from titanloop.train.engines.fsdp2 import FSDP2Engine, build_fsdp2_engine, build_optimizer, parallelize
 
-__all__ = ["DeepSpeedEngine", "Engine", "FSDP2Engine", "build_engine", "build_lr_schedulers", "build_optimizer",
-           "check_engine_config", "init_weights", "optimizer_kwargs", "parallelize"]
+__all__ = [
+    "DeepSpeedEngine",
+    "Engine",
+    "FSDP2Engine",
+    "build_engine",
+    "build_lr_schedulers",
+    "build_optimizer",
+    "check_engine_config",
+    "init_weights",
+    "optimizer_kwargs",
+    "parallelize",
+]
 
 
 def check_engine_config(p) -> None:
     """The engine-specific checks of a [parallelism] section (p: ParallelismSection)."""
     if p.engine == "deepspeed":
         check_zero_settings(p.zero_stage, p.zero_offload)
-        require(not p.compile, "parallelism.compile", p.compile,
-                "false with parallelism.engine='deepspeed' (compile is supported with engine='fsdp2' only)")
+        require(
+            not p.compile,
+            "parallelism.compile",
+            p.compile,
+            "false with parallelism.engine='deepspeed' (compile is supported with engine='fsdp2' only)",
+        )
 
 
-def build_engine(cfg, model: nn.Module, mesh, param_dtype: torch.dtype,
-                 load_weights: Callable[[nn.Module], None] | None = None) -> Engine:
+def build_engine(
+    cfg, model: nn.Module, mesh, param_dtype: torch.dtype, load_weights: Callable[[nn.Module], None] | None = None
+) -> Engine:
     """Parallelize / wrap the (meta) model, materialize it, then `load_weights` (a previous stage's, from startup),
     build its optimizer and LR schedule."""
     if cfg.parallelism.engine == "deepspeed":

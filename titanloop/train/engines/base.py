@@ -74,7 +74,11 @@ def optimizer_kwargs(cfg: "TrainConfig") -> dict:
 
 def build_lr_schedulers(cfg: "TrainConfig", optimizers: OptimizersContainer) -> StagedLRSchedulers:
     s = cfg.lr_scheduler
-    config = StagedLRSchedulers.Config(allow_schedule_change=s.allow_schedule_change, warmup_steps=s.warmup_steps,
-                                       decay_ratio=s.decay_ratio, decay_type=s.decay_type,
-                                       min_lr_factor=s.min_lr_factor)
+    config = StagedLRSchedulers.Config(
+        allow_schedule_change=s.allow_schedule_change,
+        warmup_steps=s.warmup_steps,
+        decay_ratio=s.decay_ratio,
+        decay_type=s.decay_type,
+        min_lr_factor=s.min_lr_factor,
+    )
     return config.build(optimizers=optimizers, training_steps=cfg.training.steps)

@@ -62,13 +62,18 @@ def check_zero_settings(zero_stage: int, offload: str) -> None:
     """One-line ConfigError for a ZeRO stage / offload combination the engine does not run."""
     require_choice(zero_stage, "parallelism.zero_stage", STAGES)
     require_choice(offload, "parallelism.zero_offload", OFFLOADS)
-    require(not (offload == "optimizer+params" and zero_stage != 3), "parallelism.zero_offload", offload,
-            "'none' or 'optimizer' with zero_stage=2 (parameters are partitioned, hence offloadable, only with "
-            "parallelism.zero_stage=3)")
+    require(
+        not (offload == "optimizer+params" and zero_stage != 3),
+        "parallelism.zero_offload",
+        offload,
+        "'none' or 'optimizer' with zero_stage=2 (parameters are partitioned, hence offloadable, only with "
+        "parallelism.zero_stage=3)",
+    )
 
 
-def deepspeed_config(*, zero_stage: int, offload: str, micro_batch_size: int, world_size: int, max_norm: float,
-                     bf16: bool) -> dict:
+def deepspeed_config(
+    *, zero_stage: int, offload: str, micro_batch_size: int, world_size: int, max_norm: float, bf16: bool
+) -> dict:
     """The DeepSpeed JSON config of a titanloop run (titanloop owns batching, accumulation and the LR)."""
     check_zero_settings(zero_stage, offload)
     zero: dict = {"stage": zero_stage}
@@ -99,8 +104,17 @@ class DeepSpeedEngine:
 
     name = "deepspeed"
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, zero_stage: int, offload: str,
-                 micro_batch_size: int, max_norm: float, bf16: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        zero_stage: int,
+        offload: str,
+        micro_batch_size: int,
+        max_norm: float,
+        bf16: bool = False,
+    ):
         import deepspeed
         import torch.distributed as dist
 
@@ -108,11 +122,18 @@ class DeepSpeedEngine:
 
         ds_logger.setLevel(logging.WARNING)
         self.zero_stage = zero_stage
-        config = deepspeed_config(zero_stage=zero_stage, offload=offload, micro_batch_size=micro_batch_size,
-                                  world_size=dist.get_world_size(), max_norm=max_norm, bf16=bf16)
+        config = deepspeed_config(
+            zero_stage=zero_stage,
+            offload=offload,
+            micro_batch_size=micro_batch_size,
+            world_size=dist.get_world_size(),
+            max_norm=max_norm,
+            bf16=bf16,
+        )
         self.wrapper = _Step(model)
-        self.ds, self.zero_optimizer, _, _ = deepspeed.initialize(model=self.wrapper, optimizer=optimizer,
-                                                                  config=config, dist_init_required=False)
+        self.ds, self.zero_optimizer, _, _ = deepspeed.initialize(
+            model=self.wrapper, optimizer=optimizer, config=config, dist_init_required=False
+        )
         self.model = model
         self.optimizer = optimizer  # the client torch optimizer: the LR schedule writes its param groups
         if zero_stage == 3:
@@ -162,16 +183,21 @@ class DeepSpeedEngine:
         if self.zero_stage == 2:
             self.ds.step()
             if self.ds.was_step_applied():
-                raise RuntimeError("ZeRO-2 applied a step whose loss was non-finite (its gradients were finite): "
-                                   "stop and resume from the last checkpoint")
+                raise RuntimeError(
+                    "ZeRO-2 applied a step whose loss was non-finite (its gradients were finite): "
+                    "stop and resume from the last checkpoint"
+                )
             return
         opt._overflow_clean_up(opt.loss_scale)
         self.ds._unmanaged_backward_count = 0
 
     # ----- checkpoints ----------------------------------------------------------------------------
     def checkpoint_states(self) -> dict:
-        return {"model": DeepSpeedModelState(self), "optimizer": DeepSpeedOptimizerState(self),
-                "lr_scheduler": self.lr_schedulers}
+        return {
+            "model": DeepSpeedModelState(self),
+            "optimizer": DeepSpeedOptimizerState(self),
+            "lr_scheduler": self.lr_schedulers,
+        }
 
     def optimizer_state(self) -> "DeepSpeedOptimizerState":
         return DeepSpeedOptimizerState(self)
@@ -221,9 +247,9 @@ def _set_full_fp32(engine: "DeepSpeedEngine", param: nn.Parameter, value: torch.
     opt = engine.zero_optimizer
     part, _ = opt._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
     n, rank = part.numel(), opt._get_param_partition_rank(param)
-    chunk = value.flatten()[n * rank:n * (rank + 1)]
+    chunk = value.flatten()[n * rank : n * (rank + 1)]
     part.data.zero_()
-    part.data[:chunk.numel()].copy_(chunk.to(part.device))
+    part.data[: chunk.numel()].copy_(chunk.to(part.device))
 
 
 def _full_fp32(param: nn.Parameter, key: str | None = None) -> torch.Tensor | None:
@@ -263,8 +289,9 @@ class DeepSpeedModelState:
         names = self._names()
         missing = sorted(set(names) - set(sd))
         if missing:
-            raise ConfigError(f"checkpoint model state lacks {missing[0]!r} ({len(missing)} missing): it holds "
-                              "another model")
+            raise ConfigError(
+                f"checkpoint model state lacks {missing[0]!r} ({len(missing)} missing): it holds another model"
+            )
         params = [t for t in names.values() if isinstance(t, nn.Parameter)]
         with torch.no_grad(), deepspeed.zero.GatheredParameters(params, modifier_rank=0):
             for name, t in names.items():
@@ -306,8 +333,10 @@ class DeepSpeedOptimizerState:
         for name, p in trainable:
             for key in ("exp_avg", "exp_avg_sq"):
                 if f"state.{name}.{key}" not in sd:
-                    raise ConfigError(f"checkpoint optimizer state lacks {f'state.{name}.{key}'!r}: it was saved "
-                                      "by another optimizer or model")
+                    raise ConfigError(
+                        f"checkpoint optimizer state lacks {f'state.{name}.{key}'!r}: it was saved "
+                        "by another optimizer or model"
+                    )
                 _set_full_fp32(e, p, sd[f"state.{name}.{key}"], key)
         first = trainable[0][0]
         step = sd[f"state.{first}.step"]
@@ -320,8 +349,9 @@ class DeepSpeedOptimizerState:
                     group[k] = tuple(v) if isinstance(group[k], tuple) else v
 
 
-def build_deepspeed_engine(cfg, model: nn.Module, device, param_dtype: torch.dtype,
-                           load_weights: Callable[[nn.Module], None] | None = None) -> "DeepSpeedEngine":
+def build_deepspeed_engine(
+    cfg, model: nn.Module, device, param_dtype: torch.dtype, load_weights: Callable[[nn.Module], None] | None = None
+) -> "DeepSpeedEngine":
     """The DeepSpeed counterpart of titanloop.train.engines.fsdp2.build_fsdp2_engine: activation checkpointing,
     the full model from the seed (then `load_weights`, e.g. a previous stage's), the same AdamW and LR schedule as
     FSDP2, deepspeed.initialize."""
@@ -330,8 +360,14 @@ def build_deepspeed_engine(cfg, model: nn.Module, device, param_dtype: torch.dty
     init_weights(model, device, load_weights)  # the full (unsharded) model from the seed, as FSDP2's shards
     model.train()
     optimizer = getattr(torch.optim, cfg.optimizer.name)(model.parameters(), **optimizer_kwargs(cfg), foreach=True)
-    engine = DeepSpeedEngine(model, optimizer, zero_stage=p.zero_stage, offload=p.zero_offload,
-                             micro_batch_size=cfg.training.micro_batch_size, max_norm=cfg.training.max_norm,
-                             bf16=param_dtype == torch.bfloat16)
+    engine = DeepSpeedEngine(
+        model,
+        optimizer,
+        zero_stage=p.zero_stage,
+        offload=p.zero_offload,
+        micro_batch_size=cfg.training.micro_batch_size,
+        max_norm=cfg.training.max_norm,
+        bf16=param_dtype == torch.bfloat16,
+    )
     engine.lr_schedulers = build_lr_schedulers(cfg, [optimizer])
     return engine

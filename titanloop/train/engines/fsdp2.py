@@ -2,6 +2,7 @@
 per-layer compile (titanloop.parallel, applied from outside the model), torchtitan's optimizer and LR-scheduler
 containers. It implements the engine seam of titanloop.train.engines.base.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -23,8 +24,9 @@ if TYPE_CHECKING:  # annotations only: the config module imports the engines' co
 
 
 class FSDP2Engine:
-    def __init__(self, model: nn.Module, optimizers: OptimizersContainer, lr_schedulers: StagedLRSchedulers,
-                 mixed_meshes: bool):
+    def __init__(
+        self, model: nn.Module, optimizers: OptimizersContainer, lr_schedulers: StagedLRSchedulers, mixed_meshes: bool
+    ):
         self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
         self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
         self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
@@ -76,33 +78,50 @@ class FSDP2Engine:
         return self.optimizers
 
 
-def parallelize(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype,
-                device_type: str | None = None) -> nn.Module:
+def parallelize(
+    cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype, device_type: str | None = None
+) -> nn.Module:
     """float8 -> TP -> AC -> compile -> FSDP2 (titanloop.parallel), in train mode; a meta-device model stays on meta.
     device_type (default: the mesh's): float8 is emulated without a GPU; the dry run plans as on "cuda"."""
     p = cfg.parallelism
-    model = parallelize_looplm(model, parallel_dims=mesh.dims, tp_mesh=mesh.tp_mesh,
-                               sequence_parallel=p.sequence_parallel, activation_checkpoint=p.activation_checkpoint,
-                               compile=p.compile, compile_backend=p.compile_backend, param_dtype=param_dtype,
-                               reduce_dtype=torch.float32, reshard_looped=p.reshard_looped,
-                               # JSRR's forward-mode AD runs per-document SDPA (math), outside the graph
-                               compile_fullgraph=False if cfg.objective.jsrr_weight > 0 else None,
-                               float8=cfg.training.float8, float8_emulate=(device_type or mesh.device_type) != "cuda")
+    model = parallelize_looplm(
+        model,
+        parallel_dims=mesh.dims,
+        tp_mesh=mesh.tp_mesh,
+        sequence_parallel=p.sequence_parallel,
+        activation_checkpoint=p.activation_checkpoint,
+        compile=p.compile,
+        compile_backend=p.compile_backend,
+        param_dtype=param_dtype,
+        reduce_dtype=torch.float32,
+        reshard_looped=p.reshard_looped,
+        # JSRR's forward-mode AD runs per-document SDPA (math), outside the graph
+        compile_fullgraph=False if cfg.objective.jsrr_weight > 0 else None,
+        float8=cfg.training.float8,
+        float8_emulate=(device_type or mesh.device_type) != "cuda",
+    )
     model.train()
     return model
 
 
 def build_optimizer(cfg: "TrainConfig", model: nn.Module, tp: int) -> OptimizersContainer:
     config = OptimizersContainer.Config(
-        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=cfg.optimizer.name,
-                                       optimizer_kwargs=optimizer_kwargs(cfg))],
+        param_groups=[
+            ParamGroupConfig(pattern=".*", optimizer_name=cfg.optimizer.name, optimizer_kwargs=optimizer_kwargs(cfg))
+        ],
         # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
-        implementation="for-loop" if tp > 1 else "foreach")
+        implementation="for-loop" if tp > 1 else "foreach",
+    )
     return config.build(model_parts=[model])
 
 
-def build_fsdp2_engine(cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype,
-                       load_weights: Callable[[nn.Module], None] | None = None) -> FSDP2Engine:
+def build_fsdp2_engine(
+    cfg: "TrainConfig",
+    model: nn.Module,
+    mesh,
+    param_dtype: torch.dtype,
+    load_weights: Callable[[nn.Module], None] | None = None,
+) -> FSDP2Engine:
     """Parallelize the (meta) model, materialize its shards (then `load_weights`, e.g. a previous stage's), build
     its optimizer and LR schedule."""
     model = parallelize(cfg, model, mesh, param_dtype)
