@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from titanloop.model import LoopLM, LoopLMConfig
 from titanloop.model import config as config_module
-from titanloop.model.attention import causal_mask, cu_seqlens
+from titanloop.model.attention import causal_mask, cu_seqlens, document_kernel
 
 B, S = 2, 24
 DOCS = [[7, 1, 16], [24]]
@@ -37,12 +37,16 @@ def counted(cfg, n_loops, doc_ids, training):
 
 
 def kept_fraction(doc_ids):
-    """Unmasked scores / scores the kernel computes: SDPA per document (doc_ids; the CPU default) or causal
-    SDPA over the row (None)."""
+    """Unmasked scores / scores the kernel computes: causal SDPA over the row (None); with documents, what the CPU
+    kernel of `attention_backend = "auto"` computes: the whole [S, S] square per row with the dense mask (small
+    batches, like this one) or each document's square with SDPA per document."""
     if doc_ids is None:
         return (S + 1) / (2 * S)
     kept = causal_mask(S, S, "cpu", doc_ids).sum().item()
-    computed = sum(n * n for n in cu_seqlens(doc_ids).diff().tolist())
+    if document_kernel("auto", torch.device("cpu"), torch.float32, doc_ids.shape[0] * S * S) == "dense":
+        computed = doc_ids.shape[0] * S * S
+    else:
+        computed = sum(n * n for n in cu_seqlens(doc_ids).diff().tolist())
     return kept / computed
 
 

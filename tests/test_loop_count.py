@@ -44,8 +44,8 @@ def test_the_sampler_alone_sets_the_model_depth_and_the_recorded_config():
 
 
 def test_no_shipped_config_sets_the_loop_count_twice():
-    configs = sorted((REPO / "train_configs").rglob("*.toml"))
-    assert len(configs) >= 10
+    configs = sorted((REPO / "train_configs").rglob("*.toml")) + sorted((REPO / "experiments").rglob("*.toml"))
+    assert len(configs) >= 14
     for path in configs:
         raw = tomllib.loads(path.read_text())
         for section in ("model", "retrofit"):

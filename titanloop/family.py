@@ -146,6 +146,12 @@ class RetrofitFamily:
             cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight, "0 for a retrofit run"
         )
         require(
+            cfg.training.float8 == "off",
+            "training.float8",
+            cfg.training.float8,
+            "'off' for a retrofit run (retrofit.hf_path is set; its frozen pretrained base is not converted)",
+        )
+        require(
             max_loops <= r.max_loops,
             "loop_sampler",
             max_loops,

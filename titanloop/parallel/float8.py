@@ -60,12 +60,6 @@ def check_float8_layout(cfg, tp: int) -> None:
         f8,
         f"'off' with parallelism.tp={tp} (float8 with tensor parallelism is not supported yet: use parallelism.tp=1)",
     )
-    require(
-        not cfg.is_retrofit,
-        "training.float8",
-        f8,
-        "'off' for a retrofit run (retrofit.hf_path is set; its frozen pretrained base is not converted)",
-    )
 
 
 def float8_config(recipe: str, *, emulate: bool):
