@@ -28,6 +28,10 @@ COMMON = [
     "1",
     "--checkpoint.enable",
     "false",
+    # the demo validates at its last step: validation's no-grad forward compiles its own graph once (docs/training.md),
+    # which is not the training recompilation this test is about
+    "--validation.enable",
+    "false",
     "--parallelism.activation_checkpoint",
     "loop",
     "--model.attention_backend",

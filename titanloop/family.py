@@ -5,6 +5,7 @@ trains: it asks the run's family, `family_of(cfg)`, in the spirit of torchtitan'
 
     name                          "looplm" | "retrofit"
     reads_out_every_loop          whether every loop decodes (held-out validation per loop needs it)
+    float8                        whether training.float8 is built for it
     shape(cfg)                    the LoopLMConfig-shaped view of the model (vocabulary, heads, widths, layers):
                                   what the layout checks, the data pipeline and the memory plan read
     build(cfg, load_weights)      the nn.Module: a LoopLM on the meta device (build_engine allocates each rank's
@@ -56,6 +57,7 @@ class LoopLMFamily:
 
     name = "looplm"
     reads_out_every_loop = True  # per-loop readouts (held-out validation scores every loop)
+    float8 = True  # training.float8 converts its decoder layers
 
     def shape(self, cfg: "TrainConfig") -> LoopLMConfig:
         return cfg.model.looplm
@@ -103,6 +105,7 @@ class RetrofitFamily:
 
     name = "retrofit"
     reads_out_every_loop = False  # the coda decodes the last recurrence step only
+    float8 = False  # its frozen pretrained base is not converted
 
     def __init__(self):
         self._meta_models: dict[tuple, nn.Module] = {}  # FLOP counting needs the built shape, not the weights
@@ -144,12 +147,6 @@ class RetrofitFamily:
         )
         require(
             cfg.objective.jsrr_weight == 0, "objective.jsrr_weight", cfg.objective.jsrr_weight, "0 for a retrofit run"
-        )
-        require(
-            cfg.training.float8 == "off",
-            "training.float8",
-            cfg.training.float8,
-            "'off' for a retrofit run (retrofit.hf_path is set; its frozen pretrained base is not converted)",
         )
         require(
             max_loops <= r.max_loops,

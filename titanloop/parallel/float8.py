@@ -42,12 +42,18 @@ from titanloop.config_errors import require
 RECIPES = ("off", "tensorwise", "rowwise")
 
 
-def check_float8_layout(cfg, tp: int) -> None:
+def check_float8_layout(cfg, tp: int, family_has_float8: bool = True) -> None:
     """Where training.float8 runs (checked by titanloop.train.config before any process group): the FSDP2 engine,
-    without tensor parallelism, on a LoopLM (not a retrofit run)."""
+    without tensor parallelism, on a model family that supports it (a LoopLM; not a retrofit run)."""
     f8 = cfg.training.float8
     if f8 == "off":
         return
+    require(
+        family_has_float8,
+        "training.float8",
+        f8,
+        "'off' for a retrofit run (retrofit.hf_path is set; its frozen pretrained base is not converted)",
+    )
     require(
         cfg.parallelism.engine == "fsdp2",
         "training.float8",

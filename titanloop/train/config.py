@@ -520,7 +520,7 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
         "0 with ZeRO-3 (its parameter gathering has no forward-mode AD for JSRR's Jacobian-vector products; "
         "use parallelism.zero_stage=2 or engine='fsdp2')",
     )
-    check_float8_layout(cfg, tp)  # titanloop.parallel.float8
+    check_float8_layout(cfg, tp, family_of(cfg).float8)  # titanloop.parallel.float8
     m = cfg.looplm
     require(
         m.n_heads % tp == 0 and m.kv_heads % tp == 0,
