@@ -105,7 +105,9 @@ class Launch:
             *extra,
         ]
         env = {
-            **{k: v for k, v in os.environ.items() if k != "WANDB_MODE"},
+            # (WANDB_SERVICE: an in-process W&B test earlier in the session leaves its service address here; a launch
+            # would attach to that service instead of starting its own)
+            **{k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_SERVICE")},
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             "WANDB_API_KEY": FAKE_KEY,
