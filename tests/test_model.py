@@ -155,6 +155,29 @@ def test_inter_loop_norm_off_feeds_the_raw_state():
     assert not torch.allclose(on(tokens).states[1], out.states[1])
 
 
+@pytest.mark.parametrize("inter_loop_norm", [False, True])
+def test_inject_embedding_adds_the_embedded_input_to_every_later_loop(inter_loop_norm):
+    """Loop t + 1 reads (norm of) H_t plus the embedding, computed by hand from the loop step; T = 1 is the model
+    without injection, weights unchanged (so a T = 1 baseline trains the same recipe); dropping the injection
+    changes loop 2 onwards."""
+    model = tiny(inter_loop_norm=inter_loop_norm, inject_embedding=True, n_prelude_layers=1)
+    randomize_norms(model)
+    tokens = ids()
+    out = model(tokens)
+    cos, sin = model.rope(S, tokens.device, torch.float32)
+    e = model.prelude[0](model.embed_tokens(tokens), cos, sin)
+    x = e
+    for t in range(3):
+        h = model.loop_step(x, t, cos, sin)
+        torch.testing.assert_close(out.states[t], h)
+        x = (model.norm(h) if inter_loop_norm else h) + e
+    torch.testing.assert_close(out.next_input, x)
+    plain = LoopLM(model.cfg.replace(inject_embedding=False))
+    plain.load_state_dict(model.state_dict())
+    torch.testing.assert_close(plain(tokens, n_loops=1).states[0], model(tokens, n_loops=1).states[0], rtol=0, atol=0)
+    assert not torch.allclose(plain(tokens).states[1], out.states[1])
+
+
 def test_prelude_and_coda():
     model = tiny(n_prelude_layers=1, n_coda_layers=1)
     assert len(model.prelude) == 1 and len(model.coda) == 1

@@ -62,6 +62,7 @@ _TITANLOOP_FIELDS = (
     "max_loops",
     "readout",
     "inter_loop_norm",
+    "inject_embedding",
     "n_prelude_layers",
     "n_coda_layers",
     "gated_recurrence",
@@ -100,6 +101,8 @@ def ouro_incompatibilities(cfg: LoopLMConfig) -> list[str]:
         why.append(f"readout={cfg.readout!r} (the Ouro code decodes norm(h_t) at every loop)")
     if not cfg.inter_loop_norm:
         why.append("inter_loop_norm=false (the Ouro code feeds norm(h_t) into the next loop)")
+    if cfg.inject_embedding:
+        why.append("inject_embedding=true (the Ouro code does not add the embedding to later loops' inputs)")
     if cfg.n_prelude_layers or cfg.n_coda_layers:
         why.append(
             f"n_prelude_layers={cfg.n_prelude_layers}, n_coda_layers={cfg.n_coda_layers} (the Ouro code has "

@@ -38,6 +38,10 @@ class LoopLMConfig:
     # Variants (all off by default; the defaults reproduce Ouro).
     readout: str = "norm"  # norm | raw | final_only_norm  (readout-blind-spot §3)
     inter_loop_norm: bool = True  # feed norm(h_t) (True, Ouro) or raw h_t (False) into the next loop
+    # add the token embedding (after the prelude) to every later loop's input, x_t + e: input injection as in
+    # recurrent-depth models (Geiping et al. concatenate it instead). Keeps the token a constant share of what each
+    # loop reads while the raw state grows; T = 1 is unchanged (docs/training.md, "Seed dependence").
+    inject_embedding: bool = False
     n_prelude_layers: int = 0  # layers run once before the loop (STARS / Huginn)
     n_coda_layers: int = 0  # layers run on each loop's state before its readout
     gated_recurrence: bool = False  # h = g*h_new + (1-g)*h_old, g = sigmoid(W[h_new;h_old]+b)

@@ -9,6 +9,7 @@ Read top to bottom: RMSNorm, Attention, MLP, DecoderLayer (sandwich norm), LoopL
         r_t   = readout(h_t)                       # norm(h_t) | h_t | raw-then-norm-at-T
         λ_t   = sigmoid(exit_gate(norm(h_t)))      # one scalar per token per loop
         x     = norm(h_t) if inter_loop_norm else h_t
+        x     = x + e  (inject_embedding: e is the embedded, pre-loop input)
 
 The forward returns per-loop readouts and gate logits, never T full-vocabulary logit tensors: the
 objectives (titanloop.objectives) apply the shared LM head in chunks.
@@ -249,7 +250,9 @@ class LoopLM(nn.Module):
         return normed if normed is not None and not self.coda else self.norm(h)
 
     def recurrent_map(self, x: torch.Tensor, t: int, cos, sin, mask=None) -> torch.Tensor:
-        """Φ: the map from loop t's input to loop t+1's input (loop_step plus the inter-loop norm)."""
+        """Φ: the map from loop t's input to loop t+1's input (loop_step plus the inter-loop norm). With
+        inject_embedding the next input also adds the embedding, a constant in x: Φ here leaves it out, which
+        changes no Jacobian (JSRR and the spectral diagnostics use only those)."""
         return self.next_loop_input(self.loop_step(x, t, cos, sin, mask))
 
     def head_input(self, state: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
@@ -301,12 +304,15 @@ class LoopLM(nn.Module):
             input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
         )
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
+        injected = x if self.cfg.inject_embedding else None
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
         for t in range(t_total):
             h = step(x, t, cos, sin, mask, kv_cache)
             pre = self.head_input(h, t, cos, sin, mask, kv_cache)
             normed = self.norm(pre)
             nxt = self.next_loop_input(h, normed)
+            if injected is not None:
+                nxt = nxt + injected
             yield LoopStep(
                 t=t + 1,
                 loop_input=x,
