@@ -7,11 +7,13 @@
 # (scripts/demo_summary.py): table on stdout, <out>/summary.json, <out>/depth_curve.png and the per-loop training-CE
 # curves <out>/loss_curves.png (+ .json). `--out DIR` (default
 # runs/demo) is where everything goes; the demo starts afresh there. Other arguments go to every training run
-# (e.g. --training.steps 100).
+# (e.g. --training.steps 100). `--iso-flop` also trains, per seed, a dense model with T x the layers run once (the
+# looped model's FLOPs per token) and reports it beside the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS="0,1"
 OUT="runs/demo"
+ISO_FLOP=0
 TRAIN_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -19,6 +21,7 @@ while [ $# -gt 0 ]; do
     --seeds=*) SEEDS="${1#*=}"; shift ;;
     --out) OUT="${2:-}"; shift 2 || { echo "error: --out needs a directory, e.g. --out runs/demo" >&2; exit 2; } ;;
     --out=*) OUT="${1#*=}"; shift ;;
+    --iso-flop) ISO_FLOP=1; shift ;;
     *) TRAIN_ARGS+=("$1"); shift ;;
   esac
 done
@@ -38,11 +41,17 @@ mkdir -p "$OUT/eval"
 # held-out questions of the training task (never in training: the split is by a hash of the question)
 "$PY" -c 'import json, sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb"))["data"]; print(json.dumps({**d, "split": "eval"}))' \
     train_configs/demo.toml > "$OUT/eval_data.json"
+# the iso-FLOP model's depth: the demo's shared layers x its T
+ISO_LAYERS=$("$PY" -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(d["model"]["n_layers"] * d["loop_sampler"]["n_loops"])' train_configs/demo.toml)
 start=$(date +%s)
 for seed in ${SEEDS//,/ }; do
-  for variant in looped baseline; do
+  variants=(looped baseline); [ "$ISO_FLOP" = 1 ] && variants+=(isoflop)
+  for variant in "${variants[@]}"; do
     run="$OUT/${variant}_s${seed}"
-    loops=(); [ "$variant" = baseline ] && loops=(--loop_sampler.n_loops 1)
+    loops=()
+    [ "$variant" = baseline ] && loops=(--loop_sampler.n_loops 1)
+    # iso-FLOP: T x the shared layers, run once (a dense model with the looped model's FLOPs per token)
+    [ "$variant" = isoflop ] && loops=(--loop_sampler.n_loops 1 --model.n_layers "$ISO_LAYERS")
     echo "[demo] seed $seed, $variant: torchrun --nproc_per_node=2 -m titanloop.train --config train_configs/demo.toml" \
          "--training.seed $seed --data.seed $seed --training.run_dir $run ${loops[*]} ${TRAIN_ARGS[*]}"
     "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m titanloop.train \
@@ -55,4 +64,5 @@ for seed in ${SEEDS//,/ }; do
 done
 n_seeds=$(echo "$SEEDS" | tr ',' '\n' | wc -l)
 echo "[demo] trained and evaluated $n_seeds seeds x 2 models in $(( $(date +%s) - start )) s"
-"$PY" scripts/demo_summary.py "$OUT" --seeds "$SEEDS"
+iso=(); [ "$ISO_FLOP" = 1 ] && iso=(--iso-flop)
+"$PY" scripts/demo_summary.py "$OUT" --seeds "$SEEDS" "${iso[@]}"

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 VARIANTS = ("looped", "baseline")
+# `scripts/demo.sh --iso-flop`: a dense model with T x the layers run once (the same FLOPs per token as the looped one)
+ISO_FLOP = "isoflop"
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -27,10 +29,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0)
 
 
-def load_sweeps(root: Path, seeds: list[int]) -> dict:
+def load_sweeps(root: Path, seeds: list[int], variants=VARIANTS) -> dict:
     """{variant: {"trained_T": int, "loops": [...], "accuracy": [[per seed] per T], "loss": [[...] per T]}}."""
     out = {}
-    for variant in VARIANTS:
+    for variant in variants:
         reports = []
         for seed in seeds:
             path = root / "eval" / f"{variant}_s{seed}" / "report.json"
@@ -47,10 +49,10 @@ def load_sweeps(root: Path, seeds: list[int]) -> dict:
     return out
 
 
-def load_curves(root: Path, seeds: list[int]) -> dict:
+def load_curves(root: Path, seeds: list[int], variants=VARIANTS) -> dict:
     """{variant: {seed: {"step": [...], "ce": [[per loop] per logged step]}}} from each run's metrics.jsonl."""
     out = {}
-    for variant in VARIANTS:
+    for variant in variants:
         out[variant] = {}
         for seed in seeds:
             path = root / f"{variant}_s{seed}" / "metrics.jsonl"
@@ -116,9 +118,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("root", type=Path, help="the demo's run directory (runs/demo)")
     p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 0,1,2")
+    p.add_argument(
+        "--iso-flop",
+        action="store_true",
+        help="also report the iso-FLOP dense model (runs isoflop_s<seed>, trained by scripts/demo.sh --iso-flop)",
+    )
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    sweeps = load_sweeps(args.root, seeds)
+    variants = VARIANTS + ((ISO_FLOP,) if args.iso_flop else ())
+    sweeps = load_sweeps(args.root, seeds, variants)
     at = {v: s["loops"].index(s["trained_T"]) for v, s in sweeps.items()}
     summary = {
         "metric": "accuracy",
@@ -126,10 +134,12 @@ def main(argv=None) -> int:
         "looped": {"T": sweeps["looped"]["trained_T"], "heldout": sweeps["looped"]["accuracy"][at["looped"]]},
         "baseline": {"T": sweeps["baseline"]["trained_T"], "heldout": sweeps["baseline"]["accuracy"][at["baseline"]]},
     }
+    if args.iso_flop:
+        summary[ISO_FLOP] = {"T": sweeps[ISO_FLOP]["trained_T"], "heldout": sweeps[ISO_FLOP]["accuracy"][at[ISO_FLOP]]}
     (args.root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.root / "depth_curve.json").write_text(json.dumps(sweeps, indent=1) + "\n")
     plot(args.root / "depth_curve.png", sweeps)
-    curves = load_curves(args.root, seeds)
+    curves = load_curves(args.root, seeds, variants)
     (args.root / "loss_curves.json").write_text(json.dumps(curves) + "\n")
     plot_curves(args.root / "loss_curves.png", curves, seeds)
 
@@ -150,12 +160,22 @@ def main(argv=None) -> int:
         f"\nlooped T={summary['looped']['T']}: {100 * lm:.1f}% ± {100 * ls:.1f}   vs   same parameters at "
         f"T={summary['baseline']['T']}: {100 * bm:.1f}% ± {100 * bs:.1f}   ->   {100 * (lm - bm):+.1f} points"
     )
-    print(f"\n{'seed':>4} | {'looped':>7} | {'T=1':>7} | {'margin':>7} | final training CE per loop (looped; T=1)")
-    for s, a, b in zip(seeds, summary["looped"]["heldout"], summary["baseline"]["heldout"]):
+    if args.iso_flop:
+        im, isd = mean_std(summary[ISO_FLOP]["heldout"])
+        print(
+            f"iso-FLOP dense model (T x the layers, run once): {100 * im:.1f}% ± {100 * isd:.1f}   ->   looped "
+            f"{100 * (lm - im):+.1f} points"
+        )
+    iso_head = f" | {'iso-FLOP':>8}" if args.iso_flop else ""
+    print(
+        f"\n{'seed':>4} | {'looped':>7} | {'T=1':>7} | {'margin':>7}{iso_head} | final training CE per loop (looped; T=1)"
+    )
+    for i, (s, a, b) in enumerate(zip(seeds, summary["looped"]["heldout"], summary["baseline"]["heldout"])):
         ce_l, ce_b = curves["looped"][str(s)]["ce"], curves["baseline"][str(s)]["ce"]
         last = " ".join(f"{c:.3f}" for c in ce_l[-1]) if ce_l else "-"
         last_b = f"{ce_b[-1][-1]:.3f}" if ce_b else "-"
-        print(f"{s:>4} | {100 * a:6.1f}% | {100 * b:6.1f}% | {100 * (a - b):+7.1f} | {last}; {last_b}")
+        iso = f" | {100 * summary[ISO_FLOP]['heldout'][i]:7.1f}%" if args.iso_flop else ""
+        print(f"{s:>4} | {100 * a:6.1f}% | {100 * b:6.1f}% | {100 * (a - b):+7.1f}{iso} | {last}; {last_b}")
     margins = [a - b for a, b in zip(summary["looped"]["heldout"], summary["baseline"]["heldout"])]
     print(
         f"margin: mean {100 * mean_std(margins)[0]:+.1f} ± {100 * mean_std(margins)[1]:.1f} points, "

@@ -62,6 +62,22 @@ def test_summary_schema_and_table(tmp_path):
     assert missing.returncode != 0 and "looped_s7/report.json is missing" in missing.stderr
 
 
+def test_summary_reports_the_iso_flop_model(tmp_path):
+    for seed in (0, 1):
+        fake_report(tmp_path, "looped", seed, 4, [0.1, 0.5, 1.0, 1.0])
+        fake_report(tmp_path, "baseline", seed, 1, [0.5, 0.2, 0.1, 0.1])
+        fake_report(tmp_path, "isoflop", seed, 1, [0.6 + 0.2 * seed, 0.2, 0.1, 0.1])
+    cmd = [sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "0,1"]
+    proc = subprocess.run([*cmd, "--iso-flop"], cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["isoflop"] == {"T": 1, "heldout": [0.6, 0.8]} and summary["baseline"]["heldout"] == [0.5, 0.5]
+    assert "iso-FLOP dense model (T x the layers, run once): 70.0% ± 14.1   ->   looped +30.0 points" in proc.stdout
+    assert "   1 |  100.0% |   50.0% |   +50.0 |    80.0% |" in proc.stdout
+    plain = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    assert plain.returncode == 0 and "isoflop" not in json.loads((tmp_path / "summary.json").read_text())
+
+
 def test_demo_rejects_bad_seeds_before_setup():
     proc = subprocess.run(
         ["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True, check=False, timeout=60
