@@ -168,7 +168,8 @@ def main(argv=None) -> int:
         )
     iso_head = f" | {'iso-FLOP':>8}" if args.iso_flop else ""
     print(
-        f"\n{'seed':>4} | {'looped':>7} | {'T=1':>7} | {'margin':>7}{iso_head} | final training CE per loop (looped; T=1)"
+        f"\n{'seed':>4} | {'looped':>7} | {'T=1':>7} | {'margin':>7}{iso_head} | "
+        "final training CE per loop (looped; T=1)"
     )
     for i, (s, a, b) in enumerate(zip(seeds, summary["looped"]["heldout"], summary["baseline"]["heldout"])):
         ce_l, ce_b = curves["looped"][str(s)]["ce"], curves["baseline"][str(s)]["ce"]
