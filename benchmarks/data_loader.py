@@ -338,7 +338,7 @@ def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024
         "command": "python benchmarks/data_loader.py --locality --out benchmarks/results/data_locality.json",
         "date": time.strftime("%Y-%m-%d"),
         "commit": measured_commit("data_locality"),
-        "machine": "2-core development VM, CPU only, other jobs running (bytes are exact; no timing is reported)",
+        "machine": machine() + " (bytes are exact; no timing is reported)",
         "summary": [
             {
                 "row": "data loader read amplification (bytes fetched by all ranks / bytes of rows used), "
