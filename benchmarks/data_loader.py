@@ -3,7 +3,7 @@ the tokens/s the models consume; and (--locality) read amplification at 1 to 102
 
     python benchmarks/data_loader.py [--tokens 24000000] [--seq-len 4096] [--micro-batch 4] [--repeats 3]
                                      [--out loader.json]
-    python benchmarks/data_loader.py --locality --out benchmarks/results/data_locality.json
+    python benchmarks/data_loader.py --locality [--seq-len 4096] --out benchmarks/results/data_locality.json
 
 Both modes write --out in the benchmarks/report.py schema (the script's raw figures under "result"). Tokens/s
 depend on machine load: each of --repeats rounds reads one full epoch of each format (formats alternating) and
@@ -287,7 +287,9 @@ def write_locality_sets(root: str, tokens: int, seed: int = 0) -> list[str]:
     return paths
 
 
-def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024, steps: int = 8) -> dict:
+def locality(
+    data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024, steps: int = 8, command: str = ""
+) -> dict:
     from titanloop.data.locality import read_amplification
     from titanloop.data.shards import open_shard_sources
 
@@ -335,7 +337,7 @@ def locality(data_dir: str | None, seq_len: int = 4096, global_batch: int = 1024
     return {
         "title": "Data locality: read amplification at 1 to 1024 ranks (`benchmarks/data_loader.py --locality`)",
         "order": 51,
-        "command": "python benchmarks/data_loader.py --locality --out benchmarks/results/data_locality.json",
+        "command": command or regen_command("data_loader", ["--locality"], "data_locality"),
         "date": time.strftime("%Y-%m-%d"),
         "commit": measured_commit("data_locality"),
         "machine": machine() + " (bytes are exact; no timing is reported)",
@@ -390,7 +392,7 @@ def main(argv=None) -> None:
     p.add_argument("--locality", action="store_true", help="measure read amplification at 1-1024 simulated ranks")
     a = p.parse_args(argv)
     if a.locality:
-        report = locality(a.data_dir)
+        report = locality(a.data_dir, a.seq_len, command=regen_command("data_loader", argv, "data_locality"))
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(report, f, indent=1)
