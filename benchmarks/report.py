@@ -13,7 +13,9 @@ with every code change) and prints the current staleness instead.
 
 Docs link to BENCHMARKS.md (or to the json) and do not restate its figures.
 
-Result file schema: `benchmarks/results/<name>.json`, one per benchmark (or per topic), a JSON object:
+Result file schema: `benchmarks/results/<name>.json`, one per benchmark (or per topic), a JSON object, written by
+the benchmark script itself (its --out; `python benchmarks/run_all.py --results` runs them all at the recorded
+sizes). A figure that depends on machine load is min / median / max over repeats, `met` judged on the median:
 
     {
       "title":   "Checkpoint: async save stall",             # section heading (required)
