@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--tokens", "200000", "--seq-len", "256", "--repeats", "2"],
     ),
     "data_locality": ("data_loader", ["--locality"], ["--locality", "--seq-len", "256"]),
-    "document_masking": ("document_masking", [], ["--repeats", "2", "--warmup", "0"]),
+    "document_masking": ("document_masking", ["--repeats", "30"], ["--repeats", "2", "--warmup", "0"]),
     "compile_speed": (
         "compile_speed",
         [],
@@ -76,7 +77,7 @@ def run_one(name: str, args: list[str], out_dir: Path, index: str) -> tuple[floa
     script = BENCHMARKS[name][0]
     out = out_dir / f"{name}.json"
     cmd = [sys.executable, str(HERE / f"{script}.py"), *args, "--out", str(out)]
-    print(f"\n=== {index} {name}: python benchmarks/{script}.py {' '.join(cmd[2:])}", flush=True)
+    print(f"\n=== {index} {name}: {shlex.join(['python', f'benchmarks/{script}.py', *cmd[2:]])}", flush=True)
     start = time.time()
     before = out.stat().st_mtime if out.is_file() else None
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
