@@ -40,7 +40,6 @@ def test_run_all_tiny_writes_every_report(tmp_path):
         # the recorded command regenerates this result file
         assert data["command"].startswith(f"python benchmarks/{script}.py"), (name, data["command"])
         assert data["command"].endswith(f"--out benchmarks/results/{name}.json"), (name, data["command"])
-        assert "result" in data or name == "memory_plan", name
     text = render(list(results.items()))
     assert all(f'<a id="{name}"></a>' in text for name in run_all.BENCHMARKS)
 
