@@ -4,9 +4,12 @@ Without checkpointing, activations grow linearly with T (every loop's layers are
 per-loop checkpointing (`model.loop_wrapper`, what `parallelism.activation_checkpoint = "loop"` sets) only each
 loop's input is kept and the loop is recomputed in backward: memory grows by one hidden state per loop, at the
 cost of one extra forward of the stack. Peak memory is tensor-storage bytes (benchmarks.common.PeakMemory);
-the step-time cost is the median ratio of checkpointed to plain step time, measured alternately in one run.
+the step-time cost is the ratio of checkpointed to plain step time in each round (the two alternate), reported
+as min / median / max over the rounds (it depends on machine load; memory does not).
 
     python benchmarks/activation_checkpointing.py [--loops 1 2 4 8] [--hidden 256] [--seq-len 256] [--out f.json]
+
+--out writes the result in the benchmarks/report.py schema (the script's raw figures under "result").
 """
 
 from __future__ import annotations
@@ -19,7 +22,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import MiB, emit, peak_memory, per_loop_checkpointing, time_repeated, training_step  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    MiB,
+    fmt_spread,
+    machine,
+    peak_memory,
+    per_loop_checkpointing,
+    regen_command,
+    spread,
+    time_repeated,
+    training_step,
+    write_report,
+)
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 
 
@@ -53,6 +67,9 @@ def run(loops=(1, 2, 4, 8), layers=2, hidden=256, vocab=8192, seq_len=256, batch
                 "step_s_no_ac": times["none"]["median"],
                 "step_s_loop_ac": times["loop"]["median"],
                 "time_ratio": times["loop"]["median"] / times["none"]["median"],
+                "time_ratio_per_round": spread(
+                    [a / b for a, b in zip(times["loop"]["times"], times["none"]["times"])]
+                ),
             }
         )
     return {
@@ -98,8 +115,82 @@ def main(argv=None) -> int:
     if any(t < 1 for t in a.loops):
         p.error(f"--loops {a.loops}: every loop count must be >= 1")
     res = run(tuple(a.loops), a.layers, a.hidden, a.vocab, a.seq_len, a.batch, repeats=a.repeats)
-    emit(res, print_table, a.out)
+    print_table(res)
+    if a.out:
+        write_report(a.out, "activation_checkpointing", to_report(res, regen_command("activation_checkpointing", argv)))
     return 0
+
+
+def to_report(res: dict, command: str) -> dict:
+    rows = res["rows"]
+    ts = "/".join(str(r["n_loops"]) for r in rows)
+    first, last = rows[0], rows[-1]
+    dt = last["n_loops"] - first["n_loops"]
+    notes = []
+    if dt:
+        grow = (last["peak_mib_no_ac"] - first["peak_mib_no_ac"]) / dt
+        grow_ac = (last["peak_mib_loop_ac"] - first["peak_mib_loop_ac"]) / dt
+        notes.append(
+            f"Without checkpointing, memory grows by about {grow:.0f} MiB per loop; with it, by about {grow_ac:.0f} "
+            "MiB per loop (one saved loop input)."
+        )
+    lo = min(r["time_ratio_per_round"]["median"] for r in rows)
+    hi = max(r["time_ratio_per_round"]["median"] for r in rows)
+    notes.append(
+        "The expected cost is one extra forward of the stack per step (about 1.33x on a matmul-bound GPU); this "
+        f"machine measured a median step-time ratio of {lo:.2f}-{hi:.2f}x over the loop counts. Step times depend "
+        "on machine load; peak memory (a tensor count) does not."
+    )
+    return {
+        "title": "Activation checkpointing per loop (`benchmarks/activation_checkpointing.py`)",
+        "order": 30,
+        "command": command,
+        "machine": machine(),
+        "summary": [
+            {
+                "row": f"activation checkpointing per loop: peak memory at T = {ts.replace('/', ' / ')}",
+                "measured": " / ".join(f"{r['memory_ratio']:.2f}" for r in rows) + " of no-AC",
+                "target": None,
+                "met": None,
+            },
+            {
+                "row": f"activation checkpointing: step time (median of {res['repeats']} rounds)",
+                "measured": " / ".join(f"{r['time_ratio_per_round']['median']:.2f}" for r in rows) + " of no-AC",
+                "target": None,
+                "met": None,
+            },
+        ],
+        "tables": [
+            {
+                "title": f"{res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']}, {res['batch']} x "
+                f"{res['seq_len']} tokens, Stage I objective; step times are medians of {res['repeats']} "
+                "alternated rounds, the time ratio min / median / max of the per-round ratios:",
+                "columns": [
+                    "T",
+                    "peak MiB",
+                    "peak MiB, per-loop AC",
+                    "memory ratio",
+                    "step s",
+                    "step s, AC",
+                    "time ratio (min / median / max)",
+                ],
+                "rows": [
+                    [
+                        r["n_loops"],
+                        f"{r['peak_mib_no_ac']:.1f}",
+                        f"{r['peak_mib_loop_ac']:.1f}",
+                        f"{r['memory_ratio']:.2f}",
+                        f"{r['step_s_no_ac']:.3f}",
+                        f"{r['step_s_loop_ac']:.3f}",
+                        fmt_spread(r["time_ratio_per_round"], ".2f"),
+                    ]
+                    for r in rows
+                ],
+            }
+        ],
+        "notes": notes,
+        "result": res,
+    }
 
 
 if __name__ == "__main__":

@@ -129,3 +129,59 @@ def per_loop_checkpointing(loop_step):
     from torch.utils.checkpoint import checkpoint
 
     return functools.partial(checkpoint, loop_step, use_reentrant=False)
+
+
+def spread(values: list[float]) -> dict:
+    """{min, median, max} of a load-dependent figure over repeats (the median is the one judged)."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def fmt_spread(s: dict, fmt: str = ".3f") -> str:
+    """'min / median / max' of a spread() dict."""
+    return " / ".join(format(s[k], fmt) for k in ("min", "median", "max"))
+
+
+def regen_command(script: str, argv: list[str] | None, result: str | None = None) -> str:
+    """The exact command that regenerates benchmarks/results/<result>.json: `argv` without its --out, plus
+    --out benchmarks/results/<result>.json (result defaults to the script's name)."""
+    import shlex
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            kept.append(a)
+    out = f"benchmarks/results/{result or script}.json"
+    return shlex.join(["python", f"benchmarks/{script}.py", *kept, "--out", out])
+
+
+def machine() -> str:
+    """Where a benchmark ran, in words: cores, accelerator, and the load average when it finished."""
+    import os
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()}-core machine, {gpu}, torch {torch.__version__}, load average {load:.1f} at the end"
+
+
+def write_report(path, name: str, report: dict) -> dict:
+    """Add date and commit (benchmarks.report.measured_commit) to a report-schema dict, check it against the
+    schema (benchmarks.report.validate) and write it to `path`."""
+    import datetime
+    import json
+    from pathlib import Path
+
+    from benchmarks.report import measured_commit, validate
+
+    report = {**report, "date": datetime.date.today().isoformat(), "commit": measured_commit(name)}
+    path = Path(path)
+    validate(path.with_name(f"{name}.json"), report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
+    return report

@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.common import time_repeated  # noqa: E402
+from benchmarks.common import machine, regen_command, time_repeated  # noqa: E402
+from benchmarks.report import measured_commit  # noqa: E402
 from titanloop.data import build_dataloader  # noqa: E402
 from titanloop.model import LoopLM  # noqa: E402
 from titanloop.model import attention as attn  # noqa: E402
@@ -192,7 +193,8 @@ def to_report(res: dict, command: str) -> dict:
         "order": 46,
         "command": command,
         "date": datetime.date.today().isoformat(),
-        "machine": "2-core development VM shared with other jobs, CPU only, one thread; times are one process's",
+        "commit": measured_commit("document_masking"),
+        "machine": machine() + ", one thread; times are one process's",
         "summary": [
             {
                 "row": f"CPU step with document masking (auto: {res['auto_kernel_on_cpu']}) / without a mask, {shape}",
@@ -252,7 +254,7 @@ def main(argv=None) -> int:
     if a.repeats < 1 or a.warmup < 0:
         p.error(f"--repeats {a.repeats} / --warmup {a.warmup}: need repeats >= 1 and warmup >= 0")
     res = run(a.repeats, a.warmup)
-    report = to_report(res, "python benchmarks/document_masking.py")
+    report = to_report(res, regen_command("document_masking", argv))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1) + "\n")
     for row in report["summary"]:

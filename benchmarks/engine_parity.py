@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2/3 vs FSDP2: per-step loss and gradient norm over 20 steps of train_configs/debug.toml on 2 CPU
 ranks (gloo), and FSDP2 on 1 rank vs 2 ranks as the yardstick of pure rounding-order drift.
 
-    python benchmarks/engine_parity.py --out benchmarks/results/engine_parity.json
+    python benchmarks/engine_parity.py [--steps 20] --out benchmarks/results/engine_parity.json
 
 Each run is a real `torchrun -m titanloop.train` launch; the numbers are rank 0's metrics.jsonl.
 """
@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import regen_command  # noqa: E402
 from benchmarks.report import measured_commit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ RUNS = {
 }
 
 
-def run(nproc: int, run_dir: Path, extra: list[str]) -> dict[int, dict]:
+def run(nproc: int, run_dir: Path, extra: list[str], steps: int = STEPS) -> dict[int, dict]:
     cmd = [
         sys.executable,
         "-m",
@@ -52,7 +53,7 @@ def run(nproc: int, run_dir: Path, extra: list[str]) -> dict[int, dict]:
         "--config",
         "train_configs/debug.toml",
         "--training.steps",
-        str(STEPS),
+        str(steps),
         "--metrics.log_freq",
         "1",
         "--training.run_dir",
@@ -68,21 +69,27 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=STEPS, help="training steps per run (summary: first / second half)")
     p.add_argument("--out", default="benchmarks/results/engine_parity.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error(f"--steps={args.steps}: need at least 2 (the summary compares the first and second half)")
+    steps, half = args.steps, args.steps // 2
     with tempfile.TemporaryDirectory() as tmp:
-        metrics = {name: run(n, Path(tmp) / name.replace(" ", "_"), extra) for name, (n, extra) in RUNS.items()}
+        metrics = {
+            name: run(n, Path(tmp) / name.replace(" ", "_"), extra, steps) for name, (n, extra) in RUNS.items()
+        }
     ref = metrics["fsdp2 2 ranks"]
     others = [name for name in RUNS if name != "fsdp2 2 ranks"]
     rows = [
         [s] + [f"{rel(metrics[o][s][k], ref[s][k]):.1e}" for o in others for k in ("loss", "grad_norm")]
-        for s in range(1, STEPS + 1)
+        for s in range(1, steps + 1)
     ]
     summary = []
     for o in others:
-        for lo, hi in ((1, 10), (11, STEPS)):
+        for lo, hi in ((1, half), (half + 1, steps)):
             for k in ("loss", "grad_norm"):
                 worst = max(rel(metrics[o][s][k], ref[s][k]) for s in range(lo, hi + 1))
                 summary.append(
@@ -96,7 +103,7 @@ def main() -> None:
     result = {
         "title": "Engines: DeepSpeed ZeRO-2/3 vs FSDP2 (loss and grad-norm parity)",
         "order": 65,
-        "command": "python benchmarks/engine_parity.py --out benchmarks/results/engine_parity.json",
+        "command": regen_command("engine_parity", argv),
         "date": datetime.date.today().isoformat(),
         "commit": measured_commit("engine_parity"),
         "machine": "2-core VM, CPU only, shared (gloo)",
@@ -118,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

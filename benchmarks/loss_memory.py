@@ -12,16 +12,19 @@ One training step (forward + backward) of the same LoopLM at T loops with a larg
                       gradient formed in the forward  <- titanloop's default path
 
 Peak memory is the peak of live tensor storages (benchmarks.common.PeakMemory: parameters, gradients,
-activations, temporaries) during the step. Target: per_loop / final_only <= 1.15 (the issue's note).
+activations, temporaries) during the step: a tensor count that does not depend on machine load. Target:
+per_loop / final_only <= 1.15 (the issue's note). With --repeats, step times (load-dependent) are also measured,
+variants alternating per round; step-time ratios are min / median / max of the per-round ratios.
 
     python benchmarks/loss_memory.py [--vocab 32768] [--hidden 256] [--layers 2] [--loops 4] [--batch 2]
-                                     [--seq-len 256] [--chunk-size 4096] [--out loss_memory.json]
+                                     [--seq-len 256] [--chunk-size 4096] [--repeats 5] [--out loss_memory.json]
+
+--out writes the result in the benchmarks/report.py schema (the script's raw figures under "result").
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import MiB, PeakMemory, time_repeated  # noqa: E402
+from benchmarks.common import MiB, PeakMemory, fmt_spread, machine, regen_command, spread, time_repeated, write_report  # noqa: E402,E501
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 from titanloop.objectives import (
     dense_cross_entropy,
@@ -139,9 +142,13 @@ def run(
         "per_loop_fused/per_loop": ratio("per_loop_fused", "per_loop"),
         "final_only_fused/final_only": ratio("final_only_fused", "final_only"),
     }
+    step_ratio_per_round = {}
     if repeats:
         ratios["step time per_loop_fused/per_loop"] = ratio("per_loop_fused", "per_loop", "step_s_median")
         ratios["step time final_only_fused/final_only"] = ratio("final_only_fused", "final_only", "step_s_median")
+        for a, b in (("per_loop_fused", "per_loop"), ("final_only_fused", "final_only")):
+            per_round = [x / y for x, y in zip(timings[a]["times"], timings[b]["times"])]
+            step_ratio_per_round[f"{a}/{b}"] = spread(per_round)
 
     def matches_naive(variant):  # the Stage I variants compute the same loss; a mismatch means a bug is measured
         return abs(losses[variant] - losses["per_loop_naive"]) < 1e-4 * abs(losses["per_loop_naive"]) + 1e-5
@@ -165,6 +172,8 @@ def run(
         },
         "rows": rows,
         "ratios": ratios,
+        "step_ratio_per_round": step_ratio_per_round,  # min / median / max over rounds (with repeats)
+        "repeats": repeats,
         "target": TARGET,
         "meets_target": ratios["per_loop/final_only"] <= TARGET,
         "fused_meets_target": ratios["per_loop_fused/final_only_fused"] <= TARGET,
@@ -223,10 +232,104 @@ def main(argv=None) -> int:
     res = run(a.vocab, a.hidden, a.heads, a.layers, a.loops, a.batch, a.seq_len, a.chunk_size, repeats=a.repeats)
     print_table(res)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(res, indent=2) + "\n")
-        print(f"wrote {a.out}")
+        write_report(a.out, "loss_memory", to_report(res, regen_command("loss_memory", argv)))
     return 0
+
+
+LABELS = {
+    "final_only": "final-loop-only CE, chunked (logits recomputed in backward)",
+    "final_only_dense": "final-loop-only CE, full logits",
+    "per_loop": "Stage I over all {T} loops, chunked, logits recomputed in backward (ce_backward = recompute)",
+    "per_loop_naive": "Stage I over all {T} loops, naive (full logits per loop)",
+    "final_only_fused": "final-loop-only CE, fused readout",
+    "per_loop_fused": "Stage I over all {T} loops, fused readout (ce_backward = fused, the default)",
+}
+
+
+def to_report(res: dict, command: str) -> dict:
+    c, r = res["config"], res["ratios"]
+    t, n = c["loops"], res["repeats"]
+    summary = [
+        {
+            "row": f"per-loop objective memory: Stage I at T={t} / final-loop-only CE, vocab {c['vocab']:,}, fused "
+            "readout (the default)",
+            "measured": round(r["per_loop_fused/final_only_fused"], 3),
+            "target": f"<= {TARGET}",
+            "met": round(r["per_loop_fused/final_only_fused"], 3) <= TARGET,
+        },
+        {
+            "row": "same, logits recomputed in backward (ce_backward = recompute)",
+            "measured": round(r["per_loop/final_only"], 3),
+            "target": f"<= {TARGET}",
+            "met": round(r["per_loop/final_only"], 3) <= TARGET,
+        },
+        {
+            "row": "same, naive per-loop (full logits per loop) / final-loop-only",
+            "measured": round(r["per_loop_naive/final_only"], 3),
+            "target": None,
+            "met": None,
+        },
+        {
+            "row": f"Stage I at T={t}, peak memory fused / recompute",
+            "measured": round(r["per_loop_fused/per_loop"], 3),
+            "target": None,
+            "met": None,
+        },
+    ]
+    timed = bool(res["step_ratio_per_round"])
+    columns = ["variant", "peak MiB", "without params"]
+    title = (
+        f"Peak tensor memory of one forward+backward step (PyTorch MemTracker on CPU). LoopLM {c['layers']} layers, "
+        f"T={t}, hidden {c['hidden']}, vocab {c['vocab']:,}, {c['batch']} x {c['seq_len']} tokens, CE chunk "
+        f"{c['chunk_size']} tokens, {c['params'] / 1e6:.1f}M params"
+    )
+    notes = [
+        "Every Stage I variant equals the naive one in value (chunked: "
+        f"{res['per_loop_matches_naive']}, fused: {res['per_loop_fused_matches_naive']}).",
+        "The fused readout's forward accumulates the LM head's gradient in place into one fp32 [V, H] buffer, "
+        "while the recompute path's backward holds a recomputed [chunk, V] buffer, an fp32 [V, H] accumulator and "
+        "a [V, H] matmul result at once. The fused path keeps the head's gradient (weight dtype) from forward to "
+        "backward instead; with fp32 weights that buffer is the accumulator itself. Peak memory is a tensor count "
+        "and does not depend on machine load.",
+    ]
+    if timed:
+        s_loop = res["step_ratio_per_round"]["per_loop_fused/per_loop"]
+        s_final = res["step_ratio_per_round"]["final_only_fused/final_only"]
+        summary.append(
+            {
+                "row": f"Stage I at T={t}, step time fused / recompute, median of {n} rounds (min {s_loop['min']:.3f}, "
+                f"max {s_loop['max']:.3f})",
+                "measured": round(s_loop["median"], 3),
+                "target": None,
+                "met": None,
+            }
+        )
+        columns += ["median step s", "spread s"]
+        title += f"; step time: {n} timed rounds after 1 warm-up, variants alternating"
+        notes.append(
+            "Step time fused / recompute, per round (min / median / max): Stage I "
+            f"{fmt_spread(s_loop)}, final-loop-only {fmt_spread(s_final)}."
+        )
+    rows = []
+    for row in res["rows"]:
+        cells = [
+            LABELS[row["variant"]].format(T=t),
+            f"{row['peak_bytes'] / MiB:.1f}",
+            f"{row['peak_step_bytes'] / MiB:.1f}",
+        ]
+        if timed:
+            cells += [f"{row['step_s_median']:.2f}", f"{row['step_s_min']:.2f}–{row['step_s_max']:.2f}"]
+        rows.append(cells)
+    return {
+        "title": "Per-loop objective memory (`benchmarks/loss_memory.py`)",
+        "order": 20,
+        "command": command,
+        "machine": machine(),
+        "summary": summary,
+        "tables": [{"title": title + ":", "columns": columns, "rows": rows}],
+        "notes": notes,
+        "result": res,
+    }
 
 
 if __name__ == "__main__":

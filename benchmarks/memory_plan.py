@@ -1,7 +1,7 @@
 """Per-GPU memory plan of Ouro-1.4B / 2.6B on 8 x H100 (titanloop.train.memory_plan), and of every stage config
 at its sbatch size. Writes benchmarks/results/memory_plan.json.
 
-    python benchmarks/memory_plan.py [--quick]
+    python benchmarks/memory_plan.py [--quick] [--direct-shapes] [--stages gate_stage2.sh,...] [--out f.json]
 
 Each entry is the trainer's own step measured on fake tensors (FSDPMemTracker) at world size 8 (or the stage's),
 bf16 parameters as on GPU. The stage configs are measured directly at their full depth and world size; the shape
@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import regen_command  # noqa: E402
 from benchmarks.report import measured_commit  # noqa: E402
 
 from titanloop.train.config import load_config  # noqa: E402
@@ -101,9 +102,7 @@ def write(args, rows, stage_rows, notes) -> None:
     result = {
         "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
         "order": 60,
-        "command": "python benchmarks/memory_plan.py"
-        + (" --quick" if args.quick else "")
-        + (" --direct-shapes" if args.direct_shapes or args.merge_from else ""),
+        "command": regen_command("memory_plan", args.argv),
         "date": datetime.date.today().isoformat(),
         "commit": measured_commit("memory_plan"),
         "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
@@ -130,11 +129,11 @@ def write(args, rows, stage_rows, notes) -> None:
             "(titanloop.train.memory_plan): the stage configs directly at their full depth and world size; each "
             "shape row's `measured` column says whether it was measured directly at 24 / 48 layers "
             "(--direct-shapes) or extrapolated linearly from 1 and 2 layers, which is exact without AC but "
-            "underestimates with per-loop AC (2.6B, T=4, 4K: 22.1 GB extrapolated, 44.0 GB direct).",
+            "underestimates with per-loop AC.",
             "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
-            "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_memory_plan.py (+-10%, "
-            "bf16 + fp32 reduce, per-loop AC, document masking).",
+            "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_memory_plan.py (bf16 + "
+            "fp32 reduce, per-loop AC, document masking; the band is in the test).",
             "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
             "(planned eager); document masking (planned as causal attention, same memory with flash varlen).",
         ],
@@ -143,8 +142,9 @@ def write(args, rows, stage_rows, notes) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="only 4K rows and the 1.4B stage configs")
+    ap.add_argument("--stages", help="only these stage configs (comma-separated slurm script names; '' for none)")
     ap.add_argument("--check-depth", action="store_true")
     ap.add_argument("--rows-from", help="a log of an earlier run: its printed shape rows are reused")
     ap.add_argument(
@@ -172,6 +172,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
     args = ap.parse_args(argv)
+    args.argv = argv
+    only_stages = None if args.stages is None else {x for x in args.stages.split(",") if x}
     rows, stage_rows, notes = [], [], []
     if args.rows_from:
         import ast
@@ -188,6 +190,8 @@ def main(argv=None) -> int:
     for name, config, world, overrides in slurm_stages(REPO, retrofit=False):
         cfg = load_config(REPO / config, overrides, world_size=world)
         if (args.quick and cfg.model.preset != "ouro-1.4b") or cfg.parallelism.engine != "fsdp2" or name in planned:
+            continue
+        if only_stages is not None and name not in only_stages:
             continue  # the plan measures the FSDP2 step (with TP where configured; not DeepSpeed ZeRO)
         r = grouped(plan_at(str(REPO / config), list(overrides), world, cfg.looplm.n_layers))  # full depth, direct
         t = cfg.training
@@ -255,4 +259,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -13,7 +13,9 @@ with every code change) and prints the current staleness instead.
 
 Docs link to BENCHMARKS.md (or to the json) and do not restate its figures.
 
-Result file schema: `benchmarks/results/<name>.json`, one per benchmark (or per topic), a JSON object:
+Result file schema: `benchmarks/results/<name>.json`, one per benchmark (or per topic), a JSON object, written by
+the benchmark script itself (its --out; `python benchmarks/run_all.py --results` runs them all at the recorded
+sizes). A figure that depends on machine load is min / median / max over repeats, `met` judged on the median:
 
     {
       "title":   "Checkpoint: async save stall",             # section heading (required)
@@ -65,9 +67,13 @@ regenerate the json, then rerun the generator; a test fails when this file is ou
 names the command that produced its json, the date and the machine, the commit it was measured at, and whether
 the code it measures (benchmarks/report.py MEASURES) has changed since: "stale: yes" means the figures describe
 older code. `python -m benchmarks.report --check` lists the stale results (reported, not yet a CI failure).
+Every json is written by its benchmark script (no hand transcription): `python benchmarks/run_all.py --results`
+re-measures all of them at their recorded sizes (or `--only NAME ...`), then `python -m benchmarks.report`
+regenerates this file.
 
 Every ratio compares titanloop with a baseline measured in the same run on the same machine. Timed candidates
-alternate within each round, after warm-up; medians are reported. Absolute times on the shared CPU VM are
+alternate within each round, after warm-up; figures that depend on machine load are min / median / max over
+the rounds, and "met" is judged on the median. Absolute times on the shared CPU VM are
 noise. No GPU was available, so GPU figures are FLOP-model estimates and are labelled as such.
 """
 

@@ -1,15 +1,19 @@
-"""Run every titanloop benchmark (or some), print each table, and write one combined JSON.
+"""Run every titanloop benchmark (or some): each writes its result json in the benchmarks/report.py schema.
 
-Every benchmark is also a script of its own (`python benchmarks/<name>.py --help`). Each ratio is computed
-from pairs measured in the same run on this machine; absolute times are noise on shared CPUs.
+Every benchmark is also a script of its own (`python benchmarks/<script>.py --help`); each json records the exact
+command that regenerates it, the commit measured and the machine. Ratios come from pairs measured in the same
+run; figures that depend on machine load are min / median / max over repeats, judged on the median.
 
-    python benchmarks/run_all.py                       # all rows, default sizes (tens of minutes on 2 CPUs)
-    python benchmarks/run_all.py --only loss_memory loop_efficiency
-    python benchmarks/run_all.py --tiny --out /tmp/b   # smallest sizes: checks the commands run (smoke test)
+    python benchmarks/run_all.py --results             # re-measure everything at its recorded size, writing
+                                                       #   benchmarks/results/*.json (hours on 2 CPUs: memory_plan
+                                                       #   --direct-shapes alone is about an hour); then
+    python -m benchmarks.report                        #   regenerate BENCHMARKS.md
+    python benchmarks/run_all.py --results --only checkpoint loss_memory
+    python benchmarks/run_all.py --tiny --out /tmp/b   # smallest sizes: checks every script runs and writes a
+                                                       #   valid report json (smoke test; numbers meaningless)
 
-Results: <out>/<name>.json per benchmark and <out>/all.json. The figures quoted in BENCHMARKS.md live in
-benchmarks/results/<name>.json (schema: benchmarks/report.py); BENCHMARKS.md is generated from them with
-`python -m benchmarks.report`.
+Measure committed code: a result records HEAD, and uncommitted changes under the paths it measures make it stale
+from the start (benchmarks/report.py MEASURES). Each benchmark's wall time is printed as it finishes.
 """
 
 from __future__ import annotations
@@ -17,63 +21,121 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
 
-# name -> (arguments at default size, arguments for --tiny)
-BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
-    "loop_efficiency": (
-        [],
-        ["--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "1", "--warmup", "1"],
+from benchmarks.report import RESULTS, ResultError, validate  # noqa: E402
+
+# result name (benchmarks/results/<name>.json) -> (script, arguments at the recorded size, arguments for --tiny);
+# fastest first, the hour-long memory plan last
+BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
+    "scaling_on_paper": ("scaling_on_paper", [], []),
+    "loss_memory": (
+        "loss_memory",
+        ["--repeats", "5"],
+        ["--vocab", "1024", "--hidden", "64", "--seq-len", "32", "--batch", "1", "--repeats", "2"],
     ),
-    "loss_memory": ([], ["--vocab", "1024", "--hidden", "64", "--seq-len", "32", "--batch", "1"]),
     "activation_checkpointing": (
+        "activation_checkpointing",
         [],
-        ["--loops", "1", "2", "--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "1"],
+        ["--loops", "1", "2", "--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "2"],
     ),
-    "communication": ([], ["--steps", "2"]),
-    "data_loader": ([], ["--tokens", "200000", "--seq-len", "256"]),
-    "checkpoint": ([], ["--hidden", "64", "--layers", "1", "--vocab", "512", "--repeats", "1"]),
-    "scaling_on_paper": ([], []),
-    "document_masking": ([], ["--repeats", "1", "--warmup", "0"]),
+    "checkpoint": ("checkpoint", [], ["--hidden", "64", "--layers", "1", "--vocab", "512", "--repeats", "2"]),
+    "data_loader": (
+        "data_loader",
+        ["--tokens", "8000000"],
+        ["--tokens", "200000", "--seq-len", "256", "--repeats", "2"],
+    ),
+    "data_locality": ("data_loader", ["--locality"], ["--locality", "--seq-len", "256"]),
+    "document_masking": ("document_masking", ["--repeats", "30"], ["--repeats", "2", "--warmup", "0"]),
+    "compile_speed": (
+        "compile_speed",
+        [],
+        ["--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "2"],
+    ),
+    "loop_efficiency": (
+        "loop_efficiency",
+        ["--repeats", "15"],
+        ["--hidden", "64", "--vocab", "512", "--seq-len", "32", "--batch", "2", "--repeats", "2", "--warmup", "1"],
+    ),
+    "checkpoint_verify": ("checkpoint_verify", [], ["--hidden", "64", "--layers", "1", "--repeats", "2"]),
+    "communication": ("communication", [], ["--steps", "2"]),
+    "engine_parity": ("engine_parity", [], ["--steps", "2"]),
+    "network_per_step": ("network_per_step", [], []),
+    "memory_plan": ("memory_plan", ["--direct-shapes"], ["--quick", "--stages", ""]),
 }
 
 
-def run_one(name: str, args: list[str], out_dir: Path) -> dict:
+def run_one(name: str, args: list[str], out_dir: Path, index: str) -> tuple[float, str | None]:
+    """Run one benchmark writing out_dir/<name>.json; (wall seconds, error or None)."""
+    script = BENCHMARKS[name][0]
     out = out_dir / f"{name}.json"
-    cmd = [sys.executable, str(HERE / f"{name}.py"), *args, "--out", str(out)]
-    print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+    cmd = [sys.executable, str(HERE / f"{script}.py"), *args, "--out", str(out)]
+    print(f"\n=== {index} {name}: {shlex.join(['python', f'benchmarks/{script}.py', *cmd[2:]])}", flush=True)
     start = time.time()
-    proc = subprocess.run(
-        cmd, cwd=HERE.parent, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, text=True
-    )
-    if proc.returncode != 0 or not out.is_file():
-        raise SystemExit(
-            f"error: benchmark {name} failed (exit {proc.returncode}); rerun it alone: "
-            f"python benchmarks/{name}.py --help"
-        )
-    print(f"=== {name}: {time.time() - start:.0f} s", flush=True)
-    return json.loads(out.read_text())
+    before = out.stat().st_mtime if out.is_file() else None
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.run(cmd, cwd=HERE.parent, env=env, text=True)
+    wall = time.time() - start
+    if proc.returncode != 0 or not out.is_file() or out.stat().st_mtime == before:
+        return wall, f"exit {proc.returncode}, {out} {'not written' if proc.returncode == 0 else 'may be partial'}"
+    try:
+        data = validate(out, json.loads(out.read_text()))
+    except (ResultError, json.JSONDecodeError) as e:
+        return wall, f"invalid report json: {e}"
+    if not data.get("commit"):
+        return wall, f"{out} records no commit"
+    print(f"=== {index} {name}: {wall:.0f} s", flush=True)
+    return wall, None
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="benchmarks: " + ", ".join(BENCHMARKS))
-    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="benchmarks: " + ", ".join(BENCHMARKS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks (result names)")
     p.add_argument("--tiny", action="store_true", help="smallest sizes (smoke test; numbers are meaningless)")
-    p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="output directory")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--results", action="store_true", help=f"write straight into {RESULTS}")
+    where.add_argument("--out", type=Path, help="output directory (default: benchmark_results)")
     a = p.parse_args(argv)
     names = a.only or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         p.error(f"unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}")
-    a.out.mkdir(parents=True, exist_ok=True)
-    results = {n: run_one(n, BENCHMARKS[n][1 if a.tiny else 0], a.out) for n in names}
-    (a.out / "all.json").write_text(json.dumps({"tiny": a.tiny, "results": results}, indent=2))
-    print(f"\nwrote {a.out / 'all.json'}")
+    if a.tiny and a.results:
+        p.error("--tiny writes meaningless numbers: use --out DIR with it, not --results")
+    out_dir = RESULTS if a.results else (a.out or Path("benchmark_results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    walls, failed = {}, {}
+    for i, name in enumerate(names):
+        walls[name], err = run_one(name, BENCHMARKS[name][2 if a.tiny else 1], out_dir, f"[{i + 1}/{len(names)}]")
+        if err:
+            failed[name] = err
+            print(f"=== {name} FAILED after {walls[name]:.0f} s: {err}", file=sys.stderr, flush=True)
+    print("\nwall time per benchmark:")
+    for name, wall in walls.items():
+        print(f"  {name:<26} {wall:>8.0f} s" + ("   FAILED" if name in failed else ""))
+    print(f"  {'total':<26} {sum(walls.values()):>8.0f} s")
+    if failed:
+        for name, err in failed.items():
+            script = BENCHMARKS[name][0]
+            print(
+                f"error: benchmark {name} failed ({err}); rerun it alone: python benchmarks/{script}.py --help",
+                file=sys.stderr,
+            )
+        return 1
+    print(f"wrote {len(names)} result(s) to {out_dir}")
+    if a.results:
+        print("next: python -m benchmarks.report   (regenerates BENCHMARKS.md from them)")
     return 0
 
 

@@ -6,6 +6,8 @@ attention). The published anchors for dense 1-3B models on H100 (llm-foundry, OL
 40-42% MFU; the looped stack runs the same kernels, so the same MFU is the working assumption.
 
     python benchmarks/scaling_on_paper.py [--mfu 0.40] [--seq-len 4096] [--gpus 8] [--out scaling.json]
+
+--out writes the result in the benchmarks/report.py schema (the rows under "result").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import emit  # noqa: E402
+from benchmarks.common import regen_command, write_report  # noqa: E402
 from titanloop.model.config import preset  # noqa: E402
 
 H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM
@@ -76,8 +78,60 @@ def main(argv=None) -> int:
     if not 0 < a.mfu <= 1:
         p.error(f"--mfu={a.mfu} must be in (0, 1]")
     rows = run(a.mfu, a.seq_len, a.gpus, a.batch_tokens)
-    emit({"benchmark": "scaling_on_paper", "rows": rows}, lambda r: print_table(r["rows"]), a.out)
+    print_table(rows)
+    if a.out:
+        write_report(a.out, "scaling_on_paper", to_report(rows, regen_command("scaling_on_paper", argv)))
     return 0
+
+
+NAMES = {"ouro-1.4b": "Ouro-1.4B", "ouro-2.6b": "Ouro-2.6B"}
+
+
+def to_report(rows: list[dict], command: str) -> dict:
+    r0 = rows[0]
+
+    def label(r):
+        name = NAMES.get(r["model"], r["model"])
+        return name + (" (stage 1a)" if r["model"] == "ouro-1.4b" and r["n_loops"] == 8 else "")
+
+    return {
+        "title": "Scaling on paper (`benchmarks/scaling_on_paper.py`): ESTIMATES, not measurements",
+        "order": 70,
+        "command": command,
+        "machine": "no measurement: FLOP model with an assumed MFU",
+        "summary": [],
+        "tables": [
+            {
+                "columns": [
+                    "model",
+                    "T",
+                    "params",
+                    "GFLOP/token",
+                    "tokens/s/GPU",
+                    f"tokens/s per {r0['gpus']}xH100 node",
+                    "days per 1T tokens per node",
+                ],
+                "rows": [
+                    [
+                        label(r),
+                        r["n_loops"],
+                        f"{r['params'] / 1e9:.2f}B",
+                        f"{r['flops_per_token'] / 1e9:.1f}",
+                        f"{r['tokens_per_s_per_gpu_est']:,.0f}",
+                        f"{r['tokens_per_s_node_est']:,.0f}",
+                        f"{r['days_per_trillion_tokens_node_est']:.1f}",
+                    ]
+                    for r in rows
+                ],
+            }
+        ],
+        "notes": [
+            f"Assumed {r0['assumed_mfu']:.0%} MFU on H100 ({H100_BF16_PEAK / 1e12:.0f} TFLOP/s bf16 dense); "
+            f"{ANCHORS}. FLOPs per token count every loop, the per-loop LM head and causal attention; sequence "
+            f"length {r0['seq_len']}, {r0['batch_tokens']:,} tokens per step."
+        ],
+        "result": {"benchmark": "scaling_on_paper", "rows": rows},
+    }
 
 
 if __name__ == "__main__":

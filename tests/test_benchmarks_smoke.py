@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import PeakMemory, time_repeated  # noqa: E402
 from benchmarks import loss_memory  # noqa: E402
+from benchmarks.report import validate  # noqa: E402
 
 
 def test_peak_memory_tracks_cpu_tensors():
@@ -42,7 +43,10 @@ def test_loss_memory_smoke(tmp_path, capsys):
     loss_memory.main(
         ["--vocab", "8192", "--hidden", "32", "--layers", "1", "--seq-len", "64", "--batch", "2", "--out", str(out)]
     )
-    res = json.loads(out.read_text())
+    report = json.loads(out.read_text())  # the report json (benchmarks/report.py schema), raw figures in "result"
+    validate(out, report)
+    assert report["commit"] and report["summary"][0]["target"] == "<= 1.15"
+    res = report["result"]
     assert {r["variant"] for r in res["rows"]} == set(loss_memory.VARIANTS)
     assert res["config"]["vocab"] == 8192 and res["config"]["loops"] == 4
     assert res["per_loop_matches_naive"]
