@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README demo: does looping pay? For each seed (default 0,1; `--seeds 0,1,2,3,4` to change), train the same
-# small LoopLM twice on composition questions (train_configs/demo.toml, 2 CPU processes each; about 2 and 1
-# minutes on 2 idle cores with the one-call masked CPU attention): looped T = 4 times, and the same parameters run
+# small LoopLM twice on composition questions (train_configs/demo.toml, 2 CPU processes each; one seed, both runs
+# and their evaluations, took 183 s on 2 idle cores): looped T = 4 times, and the same parameters run
 # once (T = 1, the baseline). Then score every
 # run on the held-out questions at T = 1..8 (python -m titanloop.eval sweep) and print the comparison
 # (scripts/demo_summary.py): table on stdout, <out>/summary.json, <out>/depth_curve.png and the per-loop training-CE
