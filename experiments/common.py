@@ -210,14 +210,15 @@ def write_results(
     columns: list[str],
     rows: list[dict],
     verdict: str,
-    reproduced: bool | None,
+    reproduced: bool | str | None,
     command: str,
     smoke: bool,
     extra: dict | None = None,
 ) -> dict:
     """results.json + results.md in `out`: the table, the paper's claim beside it, and whether it reproduced.
 
-    reproduced: True / False, or None when the run was too small to say (smoke runs are always None).
+    reproduced: True / False / "partly", or None when the run was too small to say or no model learned the task
+    (smoke runs are always None).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +236,7 @@ def write_results(
         **(extra or {}),
     }
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    status = {True: "yes", False: "no", None: "not judged"}[result["reproduced"]]
+    status = {True: "yes", False: "no", "partly": "partly", None: "not judged"}[result["reproduced"]]
     md = [
         f"# {title}",
         "",

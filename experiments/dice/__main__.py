@@ -35,9 +35,9 @@ def main(argv=None) -> int:
     args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv)
     bits = [12, 16] if args.smoke else [12, 16, 24]
     loops = [4, 8] if args.smoke else [4, 8, 16]
-    acc, rows = {}, []
+    acc, rows, tables = {}, [], {}
     for name, overrides in VARIANTS.items():
-        table = {}  # (bits, T) -> per-seed accuracy
+        table = tables[name] = {}  # (bits, T) -> per-seed accuracy
         for seed in args.seeds:
             extra = {"training.seed": seed, **({"training.steps": 6} if args.smoke else {})}
             run = common.train(CONFIG, args.out / f"{name}_s{seed}", {**overrides, **extra}, nproc=args.nproc)
@@ -53,19 +53,33 @@ def main(argv=None) -> int:
                     table.setdefault((n, p["loops"]), []).append(p["sequence_accuracy"])
         for n in bits:
             row = {"variant": name, "test_bits": n}
+            row["per_seed"] = {f"T={t}": table[(n, t)] for t in loops}
             for t in loops:
                 m, s = common.mean_std(table[(n, t)])
                 row[f"T={t}"] = f"{m:.3f} ± {s:.3f}"
                 acc[(name, n, t)] = m
             rows.append(row)
             print(f"[{NAME}] {row}", flush=True)
+    # Pass rule (the yes clause is the one recorded on seed 0; the per-seed and partly clauses were written for the
+    # 3-seed run of issue 26, before it ran, after seeing seed 0's result):
+    #   yes:    at the longest test length and the most loops, dense is ahead of endpoint by >= 10 points on the
+    #           mean and ahead on every seed (the paper's headline: length extrapolation).
+    #   partly: not that, but dense is ahead by >= 10 points at the training length at the most loops (dense
+    #           supervision keeps working past the training depth, without length extrapolation).
+    #   no:     otherwise.
     longest, deepest = bits[-1], loops[-1]
     gap = acc[("dense", longest, deepest)] - acc[("endpoint", longest, deepest)]
-    reproduced = gap >= 0.1
+    seed_gaps = [d - e for d, e in zip(tables["dense"][(longest, deepest)], tables["endpoint"][(longest, deepest)])]
+    in_len = acc[("dense", TRAIN_BITS, deepest)] - acc[("endpoint", TRAIN_BITS, deepest)]
+    yes = gap >= 0.1 and all(g > 0 for g in seed_gaps)
+    reproduced = True if yes else "partly" if in_len >= 0.1 else False
     verdict = (
         f"At {longest} bits (trained on {TRAIN_BITS}) and T={deepest}: dense "
         f"{acc[('dense', longest, deepest)]:.3f} vs endpoint {acc[('endpoint', longest, deepest)]:.3f} "
-        f"({gap:+.3f}; reproduced = dense ahead by >= 10 points)."
+        f"({gap:+.3f}; per seed " + ", ".join(f"{g:+.3f}" for g in seed_gaps) + f"); at {TRAIN_BITS} bits and "
+        f"T={deepest}: {in_len:+.3f}. Pass rule: yes = dense ahead by >= 10 points at {longest} bits, T={deepest}, "
+        f"on the mean and ahead on every seed; partly = not that, but ahead by >= 10 points at {TRAIN_BITS} bits, "
+        f"T={deepest}; no = neither."
     )
     common.write_results(
         args.out,

@@ -11,12 +11,16 @@ Reported: held-out exact-match accuracy by the number of operators in the tree.
 from __future__ import annotations
 
 import sys
+import tomllib
 
 from experiments import common
 
 NAME = "mano"
 CONFIG = "experiments/mano/base.toml"
-MAX_OPS = 4
+with open(common.REPO / CONFIG, "rb") as _f:
+    TASK_OPTIONS = tomllib.load(_f)["data"]["task_options"]  # the task's size has one home: base.toml
+MAX_OPS = TASK_OPTIONS["max_ops"]
+LEARNED = 0.90  # in-distribution accuracy (mean over 1..MAX_OPS operators) the best model needs before judging
 PAPER = (
     "Fig. 6 right (L = 10, 16, 24; 12-layer budget): looped k ⊗ 12/k models beat the iso-parameter "
     "{2, 3, 6} ⊗ 1 models and are better than or comparable to the iso-FLOP 12 ⊗ 1 model."
@@ -33,7 +37,7 @@ def main(argv=None) -> int:
     from titanloop.data.synthetic_tasks import build_task
 
     ops_list = [2, MAX_OPS] if args.smoke else list(range(1, MAX_OPS + 1))
-    acc, rows = {}, []
+    acc, seed_acc, rows = {}, {}, []
     models = list(MODELS)[:2] if args.smoke else list(MODELS)  # CI: fewer launches, same code paths
     for name in models:
         overrides = MODELS[name]
@@ -49,7 +53,7 @@ def main(argv=None) -> int:
                     "kind": "synthetic_task",
                     "task": "mano",
                     "split": "eval",
-                    "task_options": {"max_ops": MAX_OPS, "eval_ops": n},
+                    "task_options": {**TASK_OPTIONS, "eval_ops": n},
                 }
                 count = 32 if args.smoke else (64 if n == 1 else 256)  # only ~80 distinct 1-operator trees are held out
                 per_ops[n].append(
@@ -62,31 +66,49 @@ def main(argv=None) -> int:
             m, s = common.mean_std(per_ops[n])
             row[f"ops={n}"] = f"{m:.3f} ± {s:.3f}"
             acc[(name, n)] = m
+            seed_acc[(name, n)] = per_ops[n]
+        row["in-distribution"] = f"{sum(acc[(name, n)] for n in ops_list) / len(ops_list):.3f}"
+        row["per_seed"] = {n: per_ops[n] for n in ops_list}
         rows.append(row)
         print(f"[{NAME}] {row}", flush=True)
+    # Pass rule (written before the recorded 3-seed run, issue 26; not to be moved after seeing results):
+    #   judged only if some model learned the task: in-distribution accuracy (held-out exact match at the model's
+    #   training T, mean over 1..MAX_OPS operators, the training mix) >= 90% for the best of the three models
+    #   (mean over seeds); otherwise "not judged" with the accuracies.
+    #   yes:    at MAX_OPS operators, looped 2x4 >= iso-parameter 2x1 + 5 points and >= iso-FLOP 8x1 - 5 points
+    #           (means), and looped > 2x1 on every seed.
+    #   partly: looped >= 2x1 + 5 points on the mean, but one of the other two conditions fails.
+    #   no:     otherwise.
     hardest = ops_list[-1]
-    looped, iso_p, iso_f = (acc.get((m, hardest), float("nan")) for m in MODELS)
-    reproduced = looped >= iso_p + 0.05 and looped >= iso_f - 0.05
-    # Judge only models that learned something: 1-operator trees ("+ 5 17") need no depth at all.
-    chance = 1 / build_task("mano", max_ops=MAX_OPS).modulus  # the task's modulus (ouro B.2: 23)
-    best_shallow = max(acc.get((m, ops_list[0]), 0.0) for m in models)
-    learned = best_shallow >= chance + 0.10
+    names = list(MODELS)
+    looped, iso_p, iso_f = (acc.get((m, hardest), float("nan")) for m in names)
+    in_dist = {m: sum(acc[(m, n)] for n in ops_list) / len(ops_list) for m in models}
+    chance = 1 / build_task("mano", **TASK_OPTIONS).modulus
+    learned = max(in_dist.values()) >= LEARNED
+    beats_p = looped >= iso_p + 0.05
+    near_f = looped >= iso_f - 0.05
+    every_seed = all(a > b for a, b in zip(seed_acc[(names[0], hardest)], seed_acc[(names[1], hardest)]))
+    reproduced = None if not learned else True if beats_p and near_f and every_seed else "partly" if beats_p else False
     verdict = (
         ""
         if learned
-        else f"Not judgeable: no model learned the task (best accuracy at {ops_list[0]} operator(s) "
-        f"{best_shallow:.3f}, chance {chance:.3f}), so the comparison below is between untrained models. "
+        else "Not judgeable: no model learned the task (in-distribution accuracy "
+        + ", ".join(f"{m} {a:.3f}" for m, a in in_dist.items())
+        + f"; chance {chance:.3f}; the rule asks >= {LEARNED:.2f}), so the comparison below is between models "
+        "that did not learn it. "
     )
     verdict += (
         f"At {hardest} operators: looped 2x4 {looped:.3f}, iso-parameter 2x1 {iso_p:.3f}, iso-FLOP 8x1 "
-        f"{iso_f:.3f} (reproduced = looped beats 2x1 by >= 5 points and is within 5 points of 8x1 or above)."
+        f"{iso_f:.3f}. Pass rule: the best model >= {LEARNED:.0%} in distribution (else not judged); yes = looped "
+        "beats 2x1 by >= 5 points, is within 5 points of 8x1 or above, and beats 2x1 on every seed; partly = only "
+        "the first holds; no = not even that."
     )
     common.write_results(
         args.out,
         name=NAME,
         title="Mano (ouro B.2): looped vs iso-parameter vs iso-FLOP",
         paper=PAPER,
-        columns=["model"] + [f"ops={n}" for n in ops_list],
+        columns=["model"] + [f"ops={n}" for n in ops_list] + ["in-distribution"],
         rows=rows,
         verdict=verdict,
         reproduced=reproduced if learned else None,
@@ -94,7 +116,8 @@ def main(argv=None) -> int:
         command=f"python -m experiments.{NAME}",
         extra={
             "seeds": args.seeds,
-            "max_ops": MAX_OPS,
+            "task_options": TASK_OPTIONS,
+            "in_distribution": in_dist,
             "mean_accuracy": {f"{m}/ops{n}": a for (m, n), a in acc.items()},
         },
     )
@@ -103,7 +126,7 @@ def main(argv=None) -> int:
         {m: (ops_list, [acc[(m, n)] for n in ops_list]) for m in models},
         xlabel="operators in the tree",
         ylabel="held-out exact-match accuracy",
-        title="Mano (mod 23)",
+        title=f"Mano (mod {build_task('mano', **TASK_OPTIONS).modulus})",
     )
     print((args.out / "results.md").read_text())
     return 0

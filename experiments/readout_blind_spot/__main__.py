@@ -102,11 +102,25 @@ def main(argv=None) -> int:
     visible = max(per_variant[n] for n in ("perloop_raw", "perloop_norm_penalty") if n in per_variant)
     ratio = blind / visible
     terminal = per_variant["terminal_norm"] / per_variant.get("terminal_raw", math.nan)
-    reproduced = ratio >= 10 and terminal >= 10
+    # Pass rule (the yes clause is the one recorded on seed 0; the partly clause was written for the 3-seed run of
+    # issue 26, before it ran, after seeing seed 0's result):
+    #   yes:    both ratios (per-loop RMSNorm over the larger of per-loop raw / penalty; terminal RMSNorm over
+    #           terminal raw) >= 10x on the means: norms orders of magnitude apart, as in the paper.
+    #   partly: not that, but both ratios >= 2x on the means and the per-loop RMSNorm norm is above the larger of
+    #           raw / penalty on every seed: the direction holds, the size does not.
+    #   no:     otherwise.
+    per_seed = {n: row["final_norm_per_seed"] for n, row in zip(names, rows)}
+    shown = [per_seed[n] for n in ("perloop_raw", "perloop_norm_penalty") if n in per_seed]
+    seeds_above = all(b > max(v) for b, *v in zip(per_seed["perloop_norm"], *shown))
+    if ratio >= 10 and terminal >= 10:
+        reproduced = True
+    else:
+        reproduced = "partly" if ratio >= 2 and terminal >= 2 and seeds_above else False
     verdict = (
         f"Per-loop CE + RMSNorm readout ends at ||H_K||_2 = {blind:.1f}, {ratio:.1f}x the larger of per-loop "
-        f"+ raw and per-loop + penalty ({visible:.1f}); terminal RMSNorm/raw ratio {terminal:.1f}x "
-        "(reproduced = both ratios >= 10x)."
+        f"+ raw and per-loop + penalty ({visible:.1f}); terminal RMSNorm/raw ratio {terminal:.1f}x. Pass rule: yes = "
+        "both ratios >= 10x; partly = both >= 2x and per-loop RMSNorm above raw and penalty on every seed; no = "
+        "neither."
     )
     common.write_results(
         args.out,

@@ -17,6 +17,7 @@ from experiments import common
 NAME = "stars"
 CONFIG = "experiments/stars/base.toml"
 LOOPS = [1, 2, 4, 8, 16, 32]
+LEARNED = 0.90  # mean held-out exact match at T = 4 both variants need before the verdict counts
 PAPER = (
     "Fig. 5 (4-digit addition, T_train = 4 median, log-normal μ = 2, σ = 0.7, range [1, 100], JSRR λ = 0.1): "
     "with STARS accuracy stays at 100% for every test-time loop count; without it (Fig. 3) accuracy "
@@ -56,11 +57,34 @@ def main(argv=None) -> int:
         row["per_seed"] = per_seed
         rows.append(row)
     i4, last = loops.index(4), len(loops) - 1
+    # Pass rule (written before the recorded 3-seed run, issue 26; not to be moved after seeing results):
+    #   judged only if both variants learned the task: mean held-out exact match >= 90% at T = 4 (the training T;
+    #   STARS' median); otherwise "not judged" with the accuracies.
+    #   yes:    on the mean, stars loses >= 5 points less than plain from T = 4 to T = 32, keeps >= 90% of its
+    #           T = 4 accuracy at T = 32, and on every seed stars' drop is smaller than plain's.
+    #   partly: stars loses >= 5 points less than plain on the mean, but one of the other two conditions fails.
+    #   no:     otherwise.
     drop = {n: c[i4] - c[last] for n, c in curves.items()}
-    reproduced = drop["stars"] < drop["plain"] - 0.05 and curves["stars"][last] >= 0.9 * curves["stars"][i4]
+    seed_drops = {n: [s[i4] - s[last] for s in r["per_seed"]] for n, r in zip(curves, rows)}
+    learned = all(c[i4] >= LEARNED for c in curves.values())
+    less = drop["stars"] <= drop["plain"] - 0.05
+    keeps = curves["stars"][last] >= 0.9 * curves["stars"][i4]
+    every_seed = all(s < p for s, p in zip(seed_drops["stars"], seed_drops["plain"]))
+    reproduced = None if not learned else (True if less and keeps and every_seed else "partly" if less else False)
     verdict = (
-        f"Accuracy drop from T=4 to T={loops[-1]}: plain {drop['plain']:+.3f}, stars {drop['stars']:+.3f} "
-        f"(reproduced = stars drops at least 5 points less than plain and keeps >= 90% of its T=4 accuracy)."
+        ""
+        if learned
+        else f"Not judgeable: a variant did not learn the task (mean accuracy at T=4: plain {curves['plain'][i4]:.3f}, "
+        f"stars {curves['stars'][i4]:.3f}; the rule asks >= {LEARNED:.2f}). "
+    )
+    verdict += (
+        f"Mean accuracy drop from T=4 to T={loops[-1]}: plain {drop['plain']:+.3f}, stars {drop['stars']:+.3f}; "
+        f"stars keeps {curves['stars'][last] / max(curves['stars'][i4], 1e-9):.0%} of its T=4 accuracy; "
+        f"per seed (plain / stars): "
+        + ", ".join(f"{p:+.3f} / {s:+.3f}" for p, s in zip(seed_drops["plain"], seed_drops["stars"]))
+        + f". Pass rule: both variants >= {LEARNED:.0%} at T=4 (else not judged); yes = stars drops >= 5 points "
+        "less than plain on the mean, keeps >= 90% of its T=4 accuracy at T=32 and drops less than plain on every "
+        "seed; partly = only the first holds; no = not even that."
     )
     common.write_results(
         args.out,
