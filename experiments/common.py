@@ -249,8 +249,50 @@ def write_results(
         f"**Direction reproduced:** {status}. {verdict}",
         "",
     ]
+    if write_loss_curves(out):
+        md += ["Per-loop training CE of every run: `loss_curves.png` (data: `loss_curves.json`).", ""]
     (out / "results.md").write_text("\n".join(md))
     return result
+
+
+def loss_curves(out: str | os.PathLike) -> dict:
+    """{run: {"step": [...], "ce": [[CE per loop] per logged step]}} from every <out>/<run>/metrics.jsonl (the
+    trainer's metrics log; a resumed run's repeated steps are kept once)."""
+    curves = {}
+    for log in sorted(Path(out).glob("*/metrics.jsonl")):
+        rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        rows = sorted({r["step"]: r for r in rows if "ce" in r}.values(), key=lambda r: r["step"])
+        if rows:
+            curves[log.parent.name] = {"step": [r["step"] for r in rows], "ce": [r["ce"] for r in rows]}
+    return curves
+
+
+def write_loss_curves(out: str | os.PathLike) -> bool:
+    """loss_curves.json + loss_curves.png in `out`: one panel per training run, one line per loop, so a loop that
+    stalls is visible without reading logs. False (nothing written) when no run in `out` logged metrics."""
+    curves = loss_curves(out)
+    if not curves:
+        return False
+    (Path(out) / "loss_curves.json").write_text(json.dumps(curves) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(curves))
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
+    for ax, (run, c) in zip(axes.flat, curves.items()):
+        for t in range(max(len(ce) for ce in c["ce"])):
+            pts = [(s, max(ce[t], 1e-4)) for s, ce in zip(c["step"], c["ce"]) if t < len(ce)]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"loop {t + 1}")
+        ax.set(title=run, xlabel="step", ylabel="training CE", yscale="log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(curves) :]:
+        ax.axis("off")
+    _save(fig, Path(out) / "loss_curves.png")
+    return True
 
 
 def _figure(size: tuple[float, float]):

@@ -46,3 +46,9 @@ def test_experiment_smoke(name, tmp_path):
         assert step == 6, f"{run}: latest checkpoint {step}"
         logged = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
         assert logged and all(math.isfinite(m["loss"]) for m in logged)
+    # the per-loop training-CE curves of every run, beside the table (issue 26 item 4)
+    curves = json.loads((out / "loss_curves.json").read_text())
+    for run in runs:
+        logged = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+        assert curves[run]["step"] == sorted({m["step"] for m in logged if "ce" in m}) and curves[run]["ce"], run
+    assert (out / "loss_curves.png").stat().st_size > 1000 and "loss_curves.png" in (out / "results.md").read_text()
