@@ -67,9 +67,7 @@ def run(loops=(1, 2, 4, 8), layers=2, hidden=256, vocab=8192, seq_len=256, batch
                 "step_s_no_ac": times["none"]["median"],
                 "step_s_loop_ac": times["loop"]["median"],
                 "time_ratio": times["loop"]["median"] / times["none"]["median"],
-                "time_ratio_per_round": spread(
-                    [a / b for a, b in zip(times["loop"]["times"], times["none"]["times"])]
-                ),
+                "time_ratio_per_round": spread([a / b for a, b in zip(times["loop"]["times"], times["none"]["times"])]),
             }
         )
     return {

@@ -29,7 +29,15 @@ from benchmarks.report import measured_commit  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.common import fmt_spread, machine, per_loop_checkpointing, regen_command, spread, time_repeated, training_step  # noqa: E402,E501
+from benchmarks.common import (
+    fmt_spread,
+    machine,
+    per_loop_checkpointing,
+    regen_command,
+    spread,
+    time_repeated,
+    training_step,
+)  # noqa: E402,E501
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 from titanloop.parallel.compile import apply_compile, compiled_graphs  # noqa: E402
 

@@ -78,9 +78,7 @@ def main(argv=None) -> None:
         p.error(f"--steps={args.steps}: need at least 2 (the summary compares the first and second half)")
     steps, half = args.steps, args.steps // 2
     with tempfile.TemporaryDirectory() as tmp:
-        metrics = {
-            name: run(n, Path(tmp) / name.replace(" ", "_"), extra, steps) for name, (n, extra) in RUNS.items()
-        }
+        metrics = {name: run(n, Path(tmp) / name.replace(" ", "_"), extra, steps) for name, (n, extra) in RUNS.items()}
     ref = metrics["fsdp2 2 ranks"]
     others = [name for name in RUNS if name != "fsdp2 2 ranks"]
     rows = [
