@@ -29,7 +29,7 @@ from benchmarks.report import measured_commit  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.common import (
+from benchmarks.common import (  # noqa: E402
     fmt_spread,
     machine,
     per_loop_checkpointing,
@@ -37,7 +37,7 @@ from benchmarks.common import (
     spread,
     time_repeated,
     training_step,
-)  # noqa: E402,E501
+)
 from titanloop.model import LoopLM, LoopLMConfig  # noqa: E402
 from titanloop.parallel.compile import apply_compile, compiled_graphs  # noqa: E402
 
