@@ -82,9 +82,7 @@ _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
-KNOWN_STALE: dict[str, str] = {
-    "memory_plan": "its --direct-shapes run (about 40 min on 2 cores) was still running when this commit was made",
-}
+KNOWN_STALE: dict[str, str] = {}
 
 # A result is stale when any of these changed since the commit it records.
 _MODEL = ["titanloop/model/"]
