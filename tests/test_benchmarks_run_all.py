@@ -14,6 +14,12 @@ from benchmarks import run_all  # noqa: E402
 from benchmarks.report import PENDING, RESULTS, load_results, render  # noqa: E402
 
 
+def _run_all(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "benchmarks/run_all.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_run_all_covers_every_committed_result():
     # one command regenerates every committed result: a json in benchmarks/results that run_all does not produce
     # could only have been written by hand (PENDING: results of scripts that need a GPU, e.g. scripts/gpu_check.sh)
@@ -23,13 +29,7 @@ def test_run_all_covers_every_committed_result():
 
 @pytest.mark.slow
 def test_run_all_tiny_writes_every_report(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run_all.py", "--tiny", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    proc = _run_all("--tiny", "--out", str(tmp_path), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {p.stem for p in tmp_path.glob("*.json")} == set(run_all.BENCHMARKS)
     results = dict(load_results(tmp_path))  # validates every file against the schema (met vs target included)
@@ -61,22 +61,10 @@ def test_run_all_tiny_writes_every_report(tmp_path):
 
 
 def test_run_all_rejects_unknown_names():
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run_all.py", "--only", "nope"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _run_all("--only", "nope")
     assert proc.returncode == 2 and "unknown benchmark(s) ['nope']" in proc.stderr
 
 
 def test_run_all_refuses_tiny_into_results():
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run_all.py", "--tiny", "--results"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _run_all("--tiny", "--results")
     assert proc.returncode == 2 and "--tiny writes meaningless numbers" in proc.stderr
