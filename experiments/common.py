@@ -260,8 +260,7 @@ def loss_curves(out: str | os.PathLike) -> dict:
     trainer's metrics log; a resumed run's repeated steps are kept once)."""
     curves = {}
     for log in sorted(Path(out).glob("*/metrics.jsonl")):
-        rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        rows = sorted({r["step"]: r for r in rows if "ce" in r}.values(), key=lambda r: r["step"])
+        rows = sorted({r["step"]: r for r in metrics(log.parent) if "ce" in r}.values(), key=lambda r: r["step"])
         if rows:
             curves[log.parent.name] = {"step": [r["step"] for r in rows], "ce": [r["ce"] for r in rows]}
     return curves
