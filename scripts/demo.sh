@@ -42,7 +42,9 @@ mkdir -p "$OUT/eval"
 "$PY" -c 'import json, sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb"))["data"]; print(json.dumps({**d, "split": "eval"}))' \
     train_configs/demo.toml > "$OUT/eval_data.json"
 # the iso-FLOP model's depth: the demo's shared layers x its T
-ISO_LAYERS=$("$PY" -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(d["model"]["n_layers"] * d["loop_sampler"]["n_loops"])' train_configs/demo.toml)
+if [ "$ISO_FLOP" = 1 ]; then
+  ISO_LAYERS=$("$PY" -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(d["model"]["n_layers"] * d["loop_sampler"]["n_loops"])' train_configs/demo.toml)
+fi
 start=$(date +%s)
 for seed in ${SEEDS//,/ }; do
   variants=(looped baseline); [ "$ISO_FLOP" = 1 ] && variants+=(isoflop)
