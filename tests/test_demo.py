@@ -100,6 +100,26 @@ def test_demo_rejects_a_foreign_out_directory(tmp_path):
 
 
 @pytest.mark.slow
+def test_demo_iso_flop_trains_t_times_the_layers_once(tmp_path):
+    """`demo.sh --iso-flop` (4 steps, pipeline only): a third model per seed with n_layers x T layers run once,
+    evaluated and reported beside the looped and T = 1 models."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "--seeds", "0", "--iso-flop", "--out", str(out), "--training.steps", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "--loop_sampler.n_loops 1 --model.n_layers 8" in proc.stdout  # 2 shared layers x T = 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["isoflop"]["T"] == 1 and len(summary["isoflop"]["heldout"]) == 1
+    assert "iso-FLOP dense model (T x the layers, run once)" in proc.stdout
+
+
+@pytest.mark.slow
 def test_demo_looping_pays_for_seed_0(tmp_path):
     """The README demo as shipped, one seed (about 4 minutes on 2 idle cores): the looped model (T = 4) beats the
     same parameters trained at T = 1 on the held-out depth-4 questions by at least the issue's 15 points, its held-out
