@@ -260,10 +260,16 @@ def loss_curves(out: str | os.PathLike) -> dict:
     trainer's metrics log; a resumed run's repeated steps are kept once)."""
     curves = {}
     for log in sorted(Path(out).glob("*/metrics.jsonl")):
-        rows = sorted({r["step"]: r for r in metrics(log.parent) if "ce" in r}.values(), key=lambda r: r["step"])
-        if rows:
-            curves[log.parent.name] = {"step": [r["step"] for r in rows], "ce": [r["ce"] for r in rows]}
+        curve = loss_curve(log.parent)
+        if curve["step"]:
+            curves[log.parent.name] = curve
     return curves
+
+
+def loss_curve(run_dir: str | os.PathLike) -> dict:
+    """{"step": [...], "ce": [[CE per loop] per logged step]} of one run (a resumed run's repeated steps once)."""
+    rows = sorted({r["step"]: r for r in metrics(run_dir) if "ce" in r}.values(), key=lambda r: r["step"])
+    return {"step": [r["step"] for r in rows], "ce": [r["ce"] for r in rows]}
 
 
 def write_loss_curves(out: str | os.PathLike) -> bool:

@@ -19,6 +19,9 @@ import math
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.common import loss_curve  # noqa: E402  (the repository root, for `python scripts/...`)
+
 VARIANTS = ("looped", "baseline")
 # `scripts/demo.sh --iso-flop`: a dense model with T x the layers run once (the same FLOPs per token as the looped one)
 ISO_FLOP = "isoflop"
@@ -58,9 +61,7 @@ def load_curves(root: Path, seeds: list[int], variants=VARIANTS) -> dict:
             path = root / f"{variant}_s{seed}" / "metrics.jsonl"
             if not path.is_file():
                 sys.exit(f"error: {path} is missing: run scripts/demo.sh (every training run logs there)")
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            rows = sorted({r["step"]: r for r in rows}.values(), key=lambda r: r["step"])  # a resumed run repeats steps
-            out[variant][str(seed)] = {"step": [r["step"] for r in rows], "ce": [r["ce"] for r in rows]}
+            out[variant][str(seed)] = loss_curve(path.parent)
     return out
 
 
