@@ -98,7 +98,7 @@ def train(
     }
     start = time.perf_counter()
     log_path = run_dir / "train.log"
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f train.log` follows a running job
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)

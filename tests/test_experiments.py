@@ -52,3 +52,29 @@ def test_experiment_smoke(name, tmp_path):
         logged = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
         assert curves[run]["step"] == sorted({m["step"] for m in logged if "ce" in m}) and curves[run]["ce"], run
     assert (out / "loss_curves.png").stat().st_size > 1000 and "loss_curves.png" in (out / "results.md").read_text()
+
+
+def test_train_log_is_written_while_the_run_goes_on(tmp_path, monkeypatch):
+    """experiments.common.train writes each line of the training output to run_dir/train.log as it arrives, so a
+    long experiment can be followed with `tail -f`; the fake trainer checks the file before printing its next line."""
+    from experiments import common
+
+    run_dir = tmp_path / "run"
+    seen = []
+
+    class FakeTrainer:
+        def __init__(self, *args, **kwargs):
+            self.stdout = self._lines()
+
+        def _lines(self):
+            for i in range(3):
+                if i:
+                    seen.append((run_dir / "train.log").read_text())
+                yield f"step {i}\n"
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(common.subprocess, "Popen", FakeTrainer)
+    common.train("train_configs/debug.toml", run_dir)
+    assert seen == ["step 0\n", "step 0\nstep 1\n"]
