@@ -86,9 +86,11 @@ KNOWN_STALE: dict[str, str] = {}
 
 # A result is stale when any of these changed since the commit it records.
 _MODEL = ["titanloop/model/"]
-# Benchmarks that launch `torchrun -m titanloop.train` measure the trainer and its configs; none but document_masking
-# reads the README demo's config (train_configs/demo.toml), so a demo change stales only that one (git pathspec).
-_TRAINER = ["titanloop/", "train_configs/", ":(exclude)train_configs/demo.toml"]
+# Code that only the README demo's kind of run executes: its config and the synthetic task generators (compose,
+# mano, ...). Of the benchmarks only document_masking trains on them (the demo's config and task), so the others
+# exclude these paths (git pathspec) and a change to the demo or a task stales document_masking alone.
+_DEMO_ONLY = [":(exclude)train_configs/demo.toml", ":(exclude)titanloop/data/synthetic_tasks.py"]
+_TRAINER = ["titanloop/", "train_configs/", *_DEMO_ONLY]  # benchmarks that launch `torchrun -m titanloop.train`
 MEASURES: dict[str, list[str]] = {
     "activation_checkpointing": [
         "benchmarks/activation_checkpointing.py",
@@ -101,8 +103,8 @@ MEASURES: dict[str, list[str]] = {
     "checkpoint_verify": ["benchmarks/checkpoint_verify.py", *_TRAINER],
     "communication": ["benchmarks/communication.py", "benchmarks/common.py", *_TRAINER],
     "compile_speed": ["benchmarks/compile_speed.py", "benchmarks/common.py", *_MODEL, "titanloop/parallel/compile.py"],
-    "data_loader": ["benchmarks/data_loader.py", "titanloop/data/", *_MODEL],
-    "data_locality": ["benchmarks/data_loader.py", "titanloop/data/"],
+    "data_loader": ["benchmarks/data_loader.py", "titanloop/data/", *_MODEL, *_DEMO_ONLY],
+    "data_locality": ["benchmarks/data_loader.py", "titanloop/data/", *_DEMO_ONLY],
     "document_masking": ["benchmarks/document_masking.py", "titanloop/", "train_configs/"],
     "engine_parity": ["benchmarks/engine_parity.py", *_TRAINER],
     "loop_efficiency": ["benchmarks/loop_efficiency.py", "benchmarks/common.py", *_MODEL, "titanloop/objectives/"],

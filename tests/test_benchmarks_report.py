@@ -86,6 +86,18 @@ def test_staleness_follows_the_measured_paths_since_the_recorded_commit(tmp_path
     text = render([("x", data)], tmp_path, measures)
     assert f"Measured at commit {commit[:10]}; stale when generated" in text
     assert "yes (changed since: measured.py)" in text
+    # a folder with an excluded file (git pathspec, as the benchmarks exclude the demo's config and task generators)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "used.py").write_text("u = 1\n")
+    (tmp_path / "pkg" / "demo_only.py").write_text("d = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pkg")
+    data = {**data, "commit": git("rev-parse", "HEAD")}
+    measures = {"x": ["pkg/", ":(exclude)pkg/demo_only.py"]}
+    (tmp_path / "pkg" / "demo_only.py").write_text("d = 2\n")
+    assert not staleness("x", data, tmp_path, measures)[0]
+    (tmp_path / "pkg" / "used.py").write_text("u = 2\n")
+    assert staleness("x", data, tmp_path, measures) == (True, "changed since: pkg/used.py")
 
 
 def test_every_committed_result_is_fresh_or_known_stale():
