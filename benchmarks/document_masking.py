@@ -1,6 +1,6 @@
 """The CPU training step of the README demo's model with document masking, against the same step without a mask.
 
-The model, objective, optimizer and batch shape come from train_configs/demo.toml (2 shared layers, hidden 64,
+The model, objective, optimizer and batch shape come from train_configs/demo.toml (1 shared layer, hidden 64,
 T = 4, Stage I, AdamW, 32 x 32 tokens of the compose task with its packed documents, one process, one
 thread). One step = forward + objective + backward + gradient clipping + AdamW, on the loader's real
 micro-batches (the same batch for every candidate in a round). Candidates, alternated within each round:
