@@ -1,9 +1,11 @@
 """Mano, ouro appendix B.2 / Fig. 6 right: on modular-arithmetic trees, a looped model beats the iso-parameter
 non-looped model and matches or beats the iso-FLOP deeper one.
 
-Three models trained identically on Mano trees with 1..L = 4 operators (mod 23), in ouro's notation
-layers ⊗ loops: 2 ⊗ 4 (looped), 2 ⊗ 1 (same parameters, one pass) and 8 ⊗ 1 (same FLOPs, 4x the layers).
-Reported: held-out exact-match accuracy by the number of operators in the tree.
+Three models trained identically on Mano trees with 1..L = 4 operators (mod 23; the task's options live in
+base.toml), in ouro's notation layers ⊗ loops: 2 ⊗ 4 (looped), 2 ⊗ 1 (same parameters, one pass) and 8 ⊗ 1 (same
+FLOPs, 4x the layers). Reported: held-out exact-match accuracy by the number of operators in the tree (with the
+task option heldout_min_ops = k, sizes below k hold nothing out and are scored on trained trees; a small eval
+split is scored whole).
 
     python -m experiments.mano [--seeds 0,1,2] [--smoke]
 """
