@@ -101,6 +101,26 @@ def test_small_mano_space_is_fully_partitioned():
     assert len(train) + sum(task.in_eval(list(p)) for p in held) <= 3 * 23 * 23
 
 
+def test_mano_heldout_min_ops_trains_every_table_entry():
+    """heldout_min_ops = 2: all 3*p*p one-operator trees are trained, held-out trees have >= 2 operators (never
+    trained), and the eval split at 1 operator draws trained trees; the default still holds out 1-operator trees."""
+    task = build_task("mano", seed=0, max_ops=2, modulus=5, heldout_min_ops=2)
+    rng = np.random.default_rng(1)
+    train = {tuple(task.example(rng, "train")[0]) for _ in range(20000)}
+    assert sum(task.decode(p)[1] == "<len_1>" for p in train) == 3 * 5 * 5
+    held = {tuple(p) for p, _ in eval_examples(task, 40)}
+    assert all(task.decode(p)[1] == "<len_2>" for p in held) and not train & held
+    table = build_task("mano", seed=0, max_ops=2, modulus=5, heldout_min_ops=2, eval_ops=1)
+    for prompt, answer in eval_examples(table, 30):
+        assert tuple(prompt) in train
+        words = table.decode(prompt)
+        assert words[1] == "<len_1>" and int(table.decode(answer)[0]) == prefix_eval(words[2:-1], p=5)
+    default = build_task("mano", seed=0, max_ops=1)
+    assert any(default.in_eval(list(p)) for p, _ in eval_examples(default, 5))
+    with pytest.raises(ConfigError, match="heldout_min_ops"):
+        build_task("mano", seed=0, max_ops=2, heldout_min_ops=3)
+
+
 def test_eval_depths_of_chain_and_mano():
     """chain: held-out questions take exactly eval_hops lookups; mano: eval_ops picks the scored tree size."""
     chain = build_task("chain", seed=0, hops=3, eval_hops=4, n_vars=16)

@@ -78,3 +78,21 @@ def test_train_log_is_written_while_the_run_goes_on(tmp_path, monkeypatch):
     monkeypatch.setattr(common.subprocess, "Popen", FakeTrainer)
     common.train("train_configs/debug.toml", run_dir)
     assert seen == ["step 0\n", "step 0\nstep 1\n"]
+
+
+def test_mano_scores_every_tree_of_a_small_eval_split():
+    """experiments.mano asks for min(count, n_scored(n)) distinct eval trees: n_scored is exactly how many exist
+    (the held-out trees; below heldout_min_ops the trained table), so a small space is scored whole."""
+    from experiments.mano.__main__ import MAX_OPS, TASK_OPTIONS, n_scored
+    from titanloop.config_errors import ConfigError
+    from titanloop.data.synthetic_tasks import build_task, eval_examples
+
+    small = [n for n in range(1, MAX_OPS + 1) if n_scored(n) < 10**9]
+    if not small:
+        pytest.skip(f"experiments/mano/base.toml's task {TASK_OPTIONS} has no eval split small enough to count")
+    for n in small:
+        count = n_scored(n)
+        task = build_task("mano", **{**TASK_OPTIONS, "eval_ops": n})
+        assert len({tuple(p) for p, _ in eval_examples(task, count)}) == count
+        with pytest.raises(ConfigError, match="distinct held-out"):
+            eval_examples(task, count + 1)

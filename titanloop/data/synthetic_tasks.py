@@ -94,12 +94,32 @@ class Task:
 class ManoTask(Task):
     name = "mano"
 
-    def __init__(self, seed: int, max_ops: int = 10, modulus: int = 23, eval_ops: int | None = None):
+    def __init__(
+        self,
+        seed: int,
+        max_ops: int = 10,
+        modulus: int = 23,
+        eval_ops: int | None = None,
+        heldout_min_ops: int = 1,
+    ):
         """max_ops = L: training lengths uniform in [1, L], eval at exactly L (ouro uses 10, 16, 24); eval_ops
-        scores another length in [1, L] with the same vocabulary (accuracy by tree size)."""
+        scores another length in [1, L] with the same vocabulary (accuracy by tree size).
+
+        heldout_min_ops = k: only trees of >= k operators may be held out. With k = 2 every 1-operator tree (the
+        3 * modulus**2 entries of the operation tables) is trained, so a held-out tree asks for composing trained
+        entries, not for inferring an unseen entry from the modular rule (grokking). The eval split at a size
+        below k has nothing held out: it draws trained trees and scores memorization. Default 1: any tree may be
+        held out (ouro's split)."""
         self.max_ops, self.modulus, self.eval_ops = max_ops, modulus, eval_ops or max_ops
+        self.heldout_min_ops = heldout_min_ops
         require(max_ops >= 1, "data.task_options.max_ops", max_ops, "an integer >= 1")
         require(1 <= self.eval_ops <= max_ops, "data.task_options.eval_ops", eval_ops, f"an integer in [1, {max_ops}]")
+        require(
+            1 <= heldout_min_ops <= max_ops,
+            "data.task_options.heldout_min_ops",
+            heldout_min_ops,
+            f"an integer in [1, max_ops={max_ops}]",
+        )
         numbers = [str(i) for i in range(modulus)]
         super().__init__(["<ans>"] + [f"<len_{i}>" for i in range(max_ops + 1)] + ["+", "-", "*"] + numbers, seed)
 
@@ -120,6 +140,15 @@ class ManoTask(Task):
         n_ops = self.eval_ops if split == "eval" else int(rng.integers(1, self.max_ops + 1))
         expr, value = self._tree(rng, n_ops)
         return self.encode(["<bos>", f"<len_{n_ops}>"] + expr + ["<ans>"]), self.encode([str(value)])
+
+    def in_eval(self, prompt: list[int]) -> bool:
+        n_ops = int(self.vocab[prompt[1]][len("<len_") : -1])
+        return n_ops >= self.heldout_min_ops and super().in_eval(prompt)
+
+    def example(self, rng, split):
+        if split == "eval" and self.eval_ops < self.heldout_min_ops:  # nothing this small is held out
+            return self.generate(rng, split)
+        return super().example(rng, split)
 
     def max_example_len(self):
         return 3 + 2 * self.max_ops + 1 + 1 + 1
