@@ -10,6 +10,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+DEMO = tomllib.loads((REPO / "train_configs" / "demo.toml").read_text())  # the shipped demo config
+
+
+def run_demo(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    """`bash scripts/demo.sh ARGS` from the repo root, output captured."""
+    return subprocess.run(
+        ["bash", "scripts/demo.sh", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=timeout
+    )
 
 
 def fake_report(root: Path, variant: str, seed: int, trained: int, acc: list[float]):
@@ -80,22 +88,13 @@ def test_summary_reports_the_iso_flop_model(tmp_path):
 
 
 def test_demo_rejects_bad_seeds_before_setup():
-    proc = subprocess.run(
-        ["bash", "scripts/demo.sh", "--seeds", "0,x"], cwd=REPO, capture_output=True, text=True, check=False, timeout=60
-    )
+    proc = run_demo("--seeds", "0,x", timeout=60)
     assert proc.returncode == 2 and "--seeds '0,x' is invalid" in proc.stderr
 
 
 def test_demo_rejects_a_foreign_out_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
-    proc = subprocess.run(
-        ["bash", "scripts/demo.sh", "--seeds", "0", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
+    proc = run_demo("--seeds", "0", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 2 and "holds no demo run" in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
@@ -105,18 +104,10 @@ def test_demo_iso_flop_trains_t_times_the_layers_once(tmp_path):
     """`demo.sh --iso-flop` (4 steps, pipeline only): a third model per seed with n_layers x T layers run once,
     evaluated and reported beside the looped and T = 1 models."""
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        ["bash", "scripts/demo.sh", "--seeds", "0", "--iso-flop", "--out", str(out), "--training.steps", "4"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
+    proc = run_demo("--seeds", "0", "--iso-flop", "--out", str(out), "--training.steps", "4", timeout=900)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    demo = tomllib.loads((REPO / "train_configs" / "demo.toml").read_text())
-    iso_layers = demo["model"]["n_layers"] * demo["loop_sampler"]["n_loops"]  # shared layers x T
-    assert demo["loop_sampler"]["n_loops"] > 1 and f"--loop_sampler.n_loops 1 --model.n_layers {iso_layers} " in (
+    iso_layers = DEMO["model"]["n_layers"] * DEMO["loop_sampler"]["n_loops"]  # shared layers x T
+    assert DEMO["loop_sampler"]["n_loops"] > 1 and f"--loop_sampler.n_loops 1 --model.n_layers {iso_layers} " in (
         proc.stdout
     )
     summary = json.loads((out / "summary.json").read_text())
@@ -131,14 +122,7 @@ def test_demo_looping_pays_for_seed_0(tmp_path):
     accuracy is highest at the trained T, and it writes its per-loop training-CE curves.
     README.md quotes the recorded multi-seed run (experiments/demo_recorded)."""
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        ["bash", "scripts/demo.sh", "--seeds", "0", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
-    )
+    proc = run_demo("--seeds", "0", "--out", str(out), timeout=1800)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     summary = json.loads((out / "summary.json").read_text())
     looped, baseline = summary["looped"]["heldout"][0], summary["baseline"]["heldout"][0]
@@ -147,6 +131,5 @@ def test_demo_looping_pays_for_seed_0(tmp_path):
     acc = {p["loops"]: p["sequence_accuracy"] for p in sweep["points"]}
     assert acc[4] > max(acc[1], acc[2], acc[3]), acc  # best at the trained T (1 and 2 loops sit near chance)
     curves = json.loads((out / "loss_curves.json").read_text())
-    demo = tomllib.loads((REPO / "train_configs" / "demo.toml").read_text())
-    steps, loops = demo["training"]["steps"], demo["loop_sampler"]["n_loops"]
+    steps, loops = DEMO["training"]["steps"], DEMO["loop_sampler"]["n_loops"]
     assert curves["looped"]["0"]["step"][-1] == steps and len(curves["looped"]["0"]["ce"][-1]) == loops
