@@ -67,6 +67,8 @@ def main(argv=None) -> int:
     ops_list = sorted({1, MAX_OPS}) if args.smoke else list(range(1, MAX_OPS + 1))
     acc, seed_acc, rows = {}, {}, []
     models = list(MODELS)[:2] if args.smoke else list(MODELS)  # CI: fewer launches, same code paths
+    # trees scored per size, the same for every model and seed (small spaces: all of them)
+    counts = {n: min(32 if args.smoke else (64 if n == 1 else 256), n_scored(n)) for n in ops_list}
     for name in models:
         overrides = MODELS[name]
         per_ops = {n: [] for n in ops_list}
@@ -83,12 +85,10 @@ def main(argv=None) -> int:
                     "split": "eval",
                     "task_options": {**TASK_OPTIONS, "eval_ops": n},
                 }
-                count = min(32 if args.smoke else (64 if n == 1 else 256), n_scored(n))  # small spaces: all of them
-                per_ops[n].append(
-                    common.heldout(run, loops=[loops], data=data, n_examples=count, batch_size=min(64, count))[0][
-                        "sequence_accuracy"
-                    ]
+                scored = common.heldout(
+                    run, loops=[loops], data=data, n_examples=counts[n], batch_size=min(64, counts[n])
                 )
+                per_ops[n].append(scored[0]["sequence_accuracy"])
         row = {"model": name}
         for n in ops_list:
             m, s = common.mean_std(per_ops[n])
@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     names = list(MODELS)
     looped, iso_p, iso_f = (acc.get((m, hardest), float("nan")) for m in names)
     in_dist = {m: sum(acc[(m, n)] for n in ops_list) / len(ops_list) for m in models}
-    chance = 1 / build_task("mano", **TASK_OPTIONS).modulus
+    modulus = build_task("mano", **TASK_OPTIONS).modulus
+    chance = 1 / modulus
     learned = max(in_dist.values()) >= LEARNED
     beats_p = looped >= iso_p + 0.05
     near_f = looped >= iso_f - 0.05
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
         {m: (ops_list, [acc[(m, n)] for n in ops_list]) for m in models},
         xlabel="operators in the tree",
         ylabel="held-out exact-match accuracy",
-        title=f"Mano (mod {build_task('mano', **TASK_OPTIONS).modulus})",
+        title=f"Mano (mod {modulus})",
     )
     print((args.out / "results.md").read_text())
     return 0
