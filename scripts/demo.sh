@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
+# usage: bash scripts/demo.sh [--seeds 0,1] [--out runs/demo] [--iso-flop] [--section.key value ...]
+#
 # The README demo: does looping pay? For each seed (default 0,1; `--seeds 0,1,2,3,4` to change), train the same
 # small LoopLM twice on composition questions (train_configs/demo.toml, 2 CPU processes each; the default two
 # seeds, all four runs and their evaluations, took 4 min 26 s on 2 idle cores): looped T = 4 times, and the same
-# parameters run once (T = 1, the baseline). Then score every
-# run on the held-out questions at T = 1..8 (python -m titanloop.eval sweep) and print the comparison
+# parameters run once (T = 1, the baseline). Then score every run on the held-out questions at T = 1..8 (python -m titanloop.eval sweep) and print the comparison
 # (scripts/demo_summary.py): table on stdout, <out>/summary.json, <out>/depth_curve.png and the per-loop training-CE
 # curves <out>/loss_curves.png (+ .json). `--out DIR` (default
 # runs/demo) is where everything goes; the demo starts afresh there. Other arguments go to every training run
@@ -22,6 +23,8 @@ while [ $# -gt 0 ]; do
     --out) OUT="${2:-}"; shift 2 || { echo "error: --out needs a directory, e.g. --out runs/demo" >&2; exit 2; } ;;
     --out=*) OUT="${1#*=}"; shift ;;
     --iso-flop) ISO_FLOP=1; shift ;;
+    # this script's own help: the header comment above (before setup, so nothing is installed or removed)
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) TRAIN_ARGS+=("$1"); shift ;;
   esac
 done

@@ -92,6 +92,16 @@ def test_demo_rejects_bad_seeds_before_setup():
     assert proc.returncode == 2 and "--seeds '0,x' is invalid" in proc.stderr
 
 
+def test_demo_help_explains_and_touches_nothing(tmp_path):
+    """`demo.sh --help` prints its own usage and exits 0 before setup: an earlier demo run in --out is kept (it used
+    to be deleted, then --help reached the trainer)."""
+    (tmp_path / "eval_data.json").write_text("{}")  # marks tmp_path as a previous demo run
+    proc = run_demo("--out", str(tmp_path), "--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: bash scripts/demo.sh") and "--iso-flop" in proc.stdout
+    assert "[setup]" not in proc.stdout and (tmp_path / "eval_data.json").exists()
+
+
 def test_demo_rejects_a_foreign_out_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     proc = run_demo("--seeds", "0", "--out", str(tmp_path), timeout=600)
