@@ -1,13 +1,13 @@
 """Mano, ouro appendix B.2 / Fig. 6 right: on modular-arithmetic trees, a looped model beats the iso-parameter
 non-looped model and matches or beats the iso-FLOP deeper one.
 
-Three models trained identically on Mano trees with 1..L = 4 operators (mod 23; the task's options live in
-base.toml), in ouro's notation layers ⊗ loops: 2 ⊗ 4 (looped), 2 ⊗ 1 (same parameters, one pass) and 8 ⊗ 1 (same
+Three models trained identically on Mano trees with 1..L operators (the task's size, L = 3 mod 3, lives in
+base.toml), in ouro's notation layers ⊗ loops: 1 ⊗ 4 (looped), 1 ⊗ 1 (same parameters, one pass) and 4 ⊗ 1 (same
 FLOPs, 4x the layers). Reported: held-out exact-match accuracy by the number of operators in the tree (with the
 task option heldout_min_ops = k, sizes below k hold nothing out and are scored on trained trees; a small eval
 split is scored whole).
 
-    python -m experiments.mano [--seeds 0,1,2] [--smoke]
+    python -m experiments.mano [--seeds 0,1,2] [--parallel 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ PAPER = (
     "{2, 3, 6} ⊗ 1 models and are better than or comparable to the iso-FLOP 12 ⊗ 1 model."
 )
 MODELS = {  # name -> overrides of base.toml
-    "2x4 looped": {},
-    "2x1 iso-param": {"loop_sampler.n_loops": 1},
-    "8x1 iso-FLOP": {"model.n_layers": 8, "loop_sampler.n_loops": 1},
+    "1x4 looped": {},
+    "1x1 iso-param": {"loop_sampler.n_loops": 1},
+    "4x1 iso-FLOP": {"model.n_layers": 4, "loop_sampler.n_loops": 1},
 }
 
 
@@ -69,14 +69,17 @@ def main(argv=None) -> int:
     models = list(MODELS)[:2] if args.smoke else list(MODELS)  # CI: fewer launches, same code paths
     # trees scored per size, the same for every model and seed (small spaces: all of them)
     counts = {n: min(32 if args.smoke else (64 if n == 1 else 256), n_scored(n)) for n in ops_list}
+    smoke = {"training.steps": 6} if args.smoke else {}
+    jobs = [
+        (CONFIG, args.out / f"{name.split()[0]}_s{seed}", {**MODELS[name], "training.seed": seed, **smoke})
+        for name in models
+        for seed in args.seeds
+    ]
+    runs = iter(common.train_many(jobs, args.parallel, args.nproc))  # `--parallel 2`: two runs at a time
     for name in models:
-        overrides = MODELS[name]
         per_ops = {n: [] for n in ops_list}
-        for seed in args.seeds:
-            extra = {"training.seed": seed, **({"training.steps": 6} if args.smoke else {})}
-            run = common.train(
-                CONFIG, args.out / f"{name.split()[0]}_s{seed}", {**overrides, **extra}, nproc=args.nproc
-            )
+        for _seed in args.seeds:
+            run = next(runs)
             loops = common.run_config(run)["model"].get("n_loops", 4)
             for n in ops_list:
                 data = {
@@ -100,12 +103,14 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"[{NAME}] {row}", flush=True)
     # Pass rule (written before the recorded 3-seed run, issue 26; not to be moved after seeing results):
+    #   (the models went from 2 ⊗ 4 / 2 ⊗ 1 / 8 ⊗ 1 to 1 ⊗ 4 / 1 ⊗ 1 / 4 ⊗ 1 with the third tuning round, before the
+    #   recorded run on seeds 0, 1, 2: the demo's size; every threshold below is unchanged)
     #   judged only if some model learned the task: in-distribution accuracy (held-out exact match at the model's
     #   training T, mean over 1..MAX_OPS operators, the training mix) >= 90% for the best of the three models
     #   (mean over seeds); otherwise "not judged" with the accuracies.
-    #   yes:    at MAX_OPS operators, looped 2x4 >= iso-parameter 2x1 + 5 points and >= iso-FLOP 8x1 - 5 points
-    #           (means), and looped > 2x1 on every seed.
-    #   partly: looped >= 2x1 + 5 points on the mean, but one of the other two conditions fails.
+    #   yes:    at MAX_OPS operators, looped 1x4 >= iso-parameter 1x1 + 5 points and >= iso-FLOP 4x1 - 5 points
+    #           (means), and looped > 1x1 on every seed.
+    #   partly: looped >= 1x1 + 5 points on the mean, but one of the other two conditions fails.
     #   no:     otherwise.
     hardest = ops_list[-1]
     names = list(MODELS)
@@ -127,9 +132,9 @@ def main(argv=None) -> int:
         "that did not learn it. "
     )
     verdict += (
-        f"At {hardest} operators: looped 2x4 {looped:.3f}, iso-parameter 2x1 {iso_p:.3f}, iso-FLOP 8x1 "
+        f"At {hardest} operators: looped 1x4 {looped:.3f}, iso-parameter 1x1 {iso_p:.3f}, iso-FLOP 4x1 "
         f"{iso_f:.3f}. Pass rule: the best model >= {LEARNED:.0%} in distribution (else not judged); yes = looped "
-        "beats 2x1 by >= 5 points, is within 5 points of 8x1 or above, and beats 2x1 on every seed; partly = only "
+        "beats 1x1 by >= 5 points, is within 5 points of 4x1 or above, and beats 1x1 on every seed; partly = only "
         "the first holds; no = not even that."
     )
     common.write_results(
