@@ -17,7 +17,7 @@ EXPERIMENTS = {  # name -> (plot file, number of result rows in a smoke run, run
     "readout_blind_spot": ("final_norm.png", 3, ["terminal_norm_s0", "perloop_norm_s0", "perloop_raw_s0"]),
     "stars": ("accuracy_vs_loops.png", 2, ["plain_s0", "stars_s0"]),
     "dice": ("accuracy_vs_bits.png", 4, ["endpoint_s0", "dense_s0"]),
-    "mano": ("accuracy_by_ops.png", 2, ["2x4_s0", "2x1_s0"]),
+    "mano": ("accuracy_by_ops.png", 2, ["1x4_s0", "1x1_s0"]),
     "exit_gate": ("accuracy_vs_avg_loops.png", 4, ["stage1_s0", "stage2_s0"]),
 }
 
