@@ -4,12 +4,12 @@
 # The README demo: does looping pay? For each seed (default 0,1; `--seeds 0,1,2,3,4` to change), train the same
 # small LoopLM twice on composition questions (train_configs/demo.toml, 2 CPU processes each; the default two
 # seeds, all four runs and their evaluations, took 4 min 26 s on 2 idle cores): looped T = 4 times, and the same
-# parameters run once (T = 1, the baseline). Then score every run on the held-out questions at T = 1..8 (python -m titanloop.eval sweep) and print the comparison
-# (scripts/demo_summary.py): table on stdout, <out>/summary.json, <out>/depth_curve.png and the per-loop training-CE
-# curves <out>/loss_curves.png (+ .json). `--out DIR` (default
-# runs/demo) is where everything goes; the demo starts afresh there. Other arguments go to every training run
-# (e.g. --training.steps 100). `--iso-flop` also trains, per seed, a dense model with T x the layers run once (the
-# looped model's FLOPs per token) and reports it beside the others.
+# parameters run once (T = 1, the baseline). Then score every run on the held-out questions at T = 1..8
+# (python -m titanloop.eval sweep) and print the comparison (scripts/demo_summary.py): table on stdout,
+# <out>/summary.json, <out>/depth_curve.png and the per-loop training-CE curves <out>/loss_curves.png (+ .json).
+# `--out DIR` (default runs/demo) is where everything goes; the demo starts afresh there. Other arguments go to
+# every training run (e.g. --training.steps 100). `--iso-flop` also trains, per seed, a dense model with T x the
+# layers run once (the looped model's FLOPs per token) and reports it beside the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS="0,1"

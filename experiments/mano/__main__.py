@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     hardest = ops_list[-1]
     names = list(MODELS)
     looped, iso_p, iso_f = (acc.get((m, hardest), float("nan")) for m in names)
+    lp, ip, fp = (m.split()[0] for m in names)  # "1x4", "1x1", "4x1": the models' names have one home, MODELS
     in_dist = {m: sum(acc[(m, n)] for n in ops_list) / len(ops_list) for m in models}
     modulus = build_task("mano", **TASK_OPTIONS).modulus
     chance = 1 / modulus
@@ -132,9 +133,9 @@ def main(argv=None) -> int:
         "that did not learn it. "
     )
     verdict += (
-        f"At {hardest} operators: looped 1x4 {looped:.3f}, iso-parameter 1x1 {iso_p:.3f}, iso-FLOP 4x1 "
+        f"At {hardest} operators: looped {lp} {looped:.3f}, iso-parameter {ip} {iso_p:.3f}, iso-FLOP {fp} "
         f"{iso_f:.3f}. Pass rule: the best model >= {LEARNED:.0%} in distribution (else not judged); yes = looped "
-        "beats 1x1 by >= 5 points, is within 5 points of 4x1 or above, and beats 1x1 on every seed; partly = only "
+        f"beats {ip} by >= 5 points, is within 5 points of {fp} or above, and beats {ip} on every seed; partly = only "
         "the first holds; no = not even that."
     )
     common.write_results(
