@@ -62,42 +62,86 @@ def test_generator_refuses_ragged_tables(tmp_path):
     assert proc.returncode == 2 and "tables[0] row 0 does not have 2 cells" in proc.stderr
 
 
-def test_staleness_follows_the_measured_paths_since_the_recorded_commit(tmp_path):
-    from benchmarks.report import render, staleness
-
+def _git_repo(tmp_path):
     def git(*args):
         return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
 
+    def commit(msg="c"):
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", msg)
+        return git("rev-parse", "HEAD")
+
     git("init", "-q")
+    return commit
+
+
+def test_staleness_follows_the_measured_paths_since_the_recorded_commit(tmp_path):
+    from benchmarks.report import render, staleness
+
+    commit = _git_repo(tmp_path)
     (tmp_path / "measured.py").write_text("x = 1\n")
     (tmp_path / "other.py").write_text("y = 1\n")
-    git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
-    commit = git("rev-parse", "HEAD")
     measures = {"x": ["measured.py"]}
-    data = {"title": "T", "command": "c", "date": "2026-11-25", "machine": "cpu", "commit": commit}
-    assert staleness("x", data, tmp_path, measures) == (False, "no measured path changed since")
+    data = {"title": "T", "command": "c", "date": "2026-11-25", "machine": "cpu", "commit": commit("measured")}
+    assert staleness("x", data, tmp_path, measures) == (False, "no measured code changed since")
     (tmp_path / "other.py").write_text("y = 2\n")  # not measured by x
     assert not staleness("x", data, tmp_path, measures)[0]
     (tmp_path / "measured.py").write_text("x = 2\n")  # the measured code changed (even uncommitted)
-    assert staleness("x", data, tmp_path, measures) == (True, "changed since: measured.py")
+    assert staleness("x", data, tmp_path, measures) == (True, "changed since: measured.py:x")
     assert staleness("x", {**data, "commit": None}, tmp_path, measures) == (True, "the result records no commit")
     assert staleness("y", data, tmp_path, measures)[0]  # a result without listed paths counts as stale
     text = render([("x", data)], tmp_path, measures)
-    assert f"Measured at commit {commit[:10]}; stale when generated" in text
-    assert "yes (changed since: measured.py)" in text
+    assert f"Measured at commit {data['commit'][:10]}; stale when generated" in text
+    assert "yes (changed since: measured.py:x)" in text
     # a folder with an excluded file (git pathspec, as the benchmarks exclude the demo's config and task generators)
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "used.py").write_text("u = 1\n")
     (tmp_path / "pkg" / "demo_only.py").write_text("d = 1\n")
-    git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pkg")
-    data = {**data, "commit": git("rev-parse", "HEAD")}
+    data = {**data, "commit": commit("pkg")}
     measures = {"x": ["pkg/", ":(exclude)pkg/demo_only.py"]}
     (tmp_path / "pkg" / "demo_only.py").write_text("d = 2\n")
     assert not staleness("x", data, tmp_path, measures)[0]
     (tmp_path / "pkg" / "used.py").write_text("u = 2\n")
-    assert staleness("x", data, tmp_path, measures) == (True, "changed since: pkg/used.py")
+    assert staleness("x", data, tmp_path, measures) == (True, "changed since: pkg/used.py:u")
+
+
+def test_staleness_ignores_moves_comments_and_formatting_but_not_behaviour(tmp_path):
+    """A pure move of code keeps a result fresh; a changed statement, default or config value makes it stale."""
+    from benchmarks.report import staleness
+
+    commit = _git_repo(tmp_path)
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text(
+        '"""Module a."""\nimport math\n\n\ndef f(x):\n    """Doc."""\n    return math.sqrt(x) + 1\n\n\n'
+        "class C:\n    lr: float = 3e-4\n"
+    )
+    (pkg / "b.py").write_text("def g():\n    return 2\n")
+    (pkg / "run.toml").write_text("[training]\nsteps = 10  # short\n")
+    (pkg / "run.sh").write_text("#!/bin/bash\n#SBATCH --nodes=2\n# a comment\necho hi\n")
+    measures = {"x": ["pkg/"]}
+    data = {"title": "T", "command": "c", "date": "2026-11-25", "machine": "cpu", "commit": commit()}
+    # moved: class C to b.py with its import, new docstrings and comments, reformatted, the toml re-laid out
+    (pkg / "a.py").write_text(
+        '"""Module a, reworded."""\nfrom math import sqrt  # moved import\nimport math\n\n\n'
+        'def f(x):\n    """Another doc."""\n    # a comment\n    return (math.sqrt(x)\n            + 1)\n'
+    )
+    (pkg / "b.py").write_text("def g():\n    return 2\n\n\nclass C:\n    lr: float = 3e-4  # the LR\n")
+    (pkg / "run.toml").write_text("# header\n[training]\nsteps    = 10\n")
+    (pkg / "run.sh").write_text("#!/bin/bash\n#SBATCH --nodes=2\n# another comment\n  echo hi\n")
+    assert staleness("x", data, tmp_path, measures) == (False, "no measured code changed since")
+    for path, text, label in [
+        ("b.py", "def g():\n    return 2\n\n\nclass C:\n    lr: float = 1e-3\n", "pkg/b.py:C"),  # a default
+        ("a.py", "def f(x):\n    return x + 1\n", "pkg/a.py:f"),  # a statement
+        ("run.toml", "[training]\nsteps = 11\n", "pkg/run.toml"),  # a config value
+        ("run.sh", "#!/bin/bash\n#SBATCH --nodes=4\necho hi\n", "pkg/run.sh"),  # a Slurm directive
+    ]:
+        before = (pkg / path).read_text()
+        (pkg / path).write_text(text)
+        stale, why = staleness("x", data, tmp_path, measures)
+        assert stale and label in why, (path, why)
+        (pkg / path).write_text(before)
+    assert not staleness("x", data, tmp_path, measures)[0]
 
 
 def test_every_committed_result_is_fresh_or_known_stale():

@@ -1,0 +1,176 @@
+"""What a benchmark result measures, as a fingerprint that moves of code do not change (benchmarks.report's staleness).
+
+A result is stale when the code it measures behaves differently, not when that code moves. The measured code is
+the files under the result's MEASURES paths (git pathspecs: a file, a folder, `:(exclude)path`), read either at a
+commit or in the working tree, cut into units:
+
+- a Python file: one unit per top-level statement (a function, a class, an assignment, ...), hashed from its
+  syntax tree (`ast.dump`, without line numbers). Docstrings, comments, formatting, import lines and
+  `if TYPE_CHECKING:` blocks are not part of it, and neither is the file a unit sits in;
+- a TOML file: the parsed table (comments and layout do not count), named by its path;
+- a shell script: its lines without comment lines and surrounding white space, named by its path;
+- any other file: its bytes, named by its path.
+
+The fingerprint is the multiset of the unit hashes. Moving a function or class to another measured file, reordering
+definitions, rewording a docstring or a comment, reformatting, or changing which module an import comes from
+leaves it unchanged; changing any statement of a unit (a constant, a call, a default, a branch), adding or
+removing a unit, renaming one, or changing a config value or a script line changes it. What it cannot see: an
+import that now names a different object of the same name from outside the measured paths (code inside them is
+fingerprinted where it is defined).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import subprocess
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+Unit = tuple[str, str]  # (label: "path" or "path:name", hash)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def _strip_docstrings(node: ast.AST) -> ast.AST:
+    for n in ast.walk(node):
+        body = getattr(n, "body", None)
+        if (
+            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            n.body = body[1:] or [ast.Pass()]
+    return node
+
+
+def _unit_name(node: ast.stmt) -> str:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return ",".join(ast.unparse(t) for t in targets)
+    return type(node).__name__.lower()
+
+
+def python_units(path: str, text: str) -> list[Unit]:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return [(path, _sha(text.encode()))]
+    units = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue  # the module docstring (or a bare string)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue  # annotations only
+        dump = ast.dump(_strip_docstrings(node), include_attributes=False)
+        units.append((f"{path}:{_unit_name(node)}", _sha(dump.encode())))
+    return units
+
+
+def file_units(path: str, data: bytes) -> list[Unit]:
+    """The units of one measured file (see the module docstring)."""
+    if path.endswith(".py"):
+        return python_units(path, data.decode("utf-8", "replace"))
+    if path.endswith(".toml"):
+        try:
+            canonical = json.dumps(tomllib.loads(data.decode()), sort_keys=True, default=str)
+            return [(path, _sha(f"{path}\0{canonical}".encode()))]
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            pass
+    if path.endswith(".sh"):
+        lines = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines()]
+        kept = [ln for ln in lines if ln and not (ln.startswith("#") and not ln.startswith("#!"))]
+        # #SBATCH lines are directives, not comments
+        kept += [ln for ln in lines if ln.startswith("#SBATCH")]
+        return [(path, _sha(f"{path}\0{chr(10).join(kept)}".encode()))]
+    return [(path, _sha(path.encode() + b"\0" + data))]
+
+
+def matches(path: str, specs: list[str]) -> bool:
+    """Whether `path` is selected by the pathspecs (plain prefixes, folders ending in '/', '.', ':(exclude)x')."""
+
+    def hit(spec: str) -> bool:
+        spec = spec.rstrip("/")
+        return spec in ("", ".") or path == spec or path.startswith(spec + "/")
+
+    includes = [s for s in specs if not s.startswith(":(exclude)")]
+    excludes = [s.removeprefix(":(exclude)") for s in specs if s.startswith(":(exclude)")]
+    return any(hit(s) for s in includes) and not any(hit(s) for s in excludes)
+
+
+class Fingerprinter:
+    """Units of the measured files of one repository, at commits or in the working tree (cached by content)."""
+
+    def __init__(self, repo: Path):
+        self.repo = Path(repo)
+        self._by_blob: dict[str, list[Unit]] = {}
+        self._trees: dict[str | None, dict[str, str]] = {}
+
+    def _git(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=self.repo, capture_output=True, input=input)
+
+    def _tree(self, commit: str | None) -> dict[str, str]:
+        """path -> content key of every file at `commit` (None: the working tree, untracked files included)."""
+        if commit is not None and commit in self._trees:  # (the working tree is listed anew every time)
+            return self._trees[commit]
+        if commit is None:
+            proc = self._git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+            paths = [p for p in proc.stdout.decode().split("\0") if p and (self.repo / p).is_file()]
+            tree = {p: f"file:{p}" for p in paths}
+        else:
+            proc = self._git("ls-tree", "-r", "-z", commit)
+            if proc.returncode != 0:
+                raise LookupError(proc.stderr.decode().strip()[:120])
+            tree = {}
+            for entry in proc.stdout.decode().split("\0"):
+                if entry:
+                    meta, path = entry.split("\t", 1)
+                    mode, kind, blob = meta.split()
+                    if kind == "blob":
+                        tree[path] = blob
+        self._trees[commit] = tree
+        return tree
+
+    def _units(self, path: str, key: str) -> list[Unit]:
+        if key.startswith("file:"):
+            data = (self.repo / path).read_bytes()
+            key = _sha(b"blob\0" + path.encode() + b"\0" + data)
+            if key not in self._by_blob:
+                self._by_blob[key] = file_units(path, data)
+            return self._by_blob[key]
+        cache = f"{key}:{path}"
+        if cache not in self._by_blob:
+            data = self._git("cat-file", "blob", key).stdout
+            self._by_blob[cache] = file_units(path, data)
+        return self._by_blob[cache]
+
+    def units(self, commit: str | None, specs: list[str]) -> Counter:
+        """Counter of (label, hash) over the files `specs` selects at `commit` (None: the working tree)."""
+        out: Counter = Counter()
+        for path, key in sorted(self._tree(commit).items()):
+            if matches(path, specs):
+                out.update(self._units(path, key))
+        return out
+
+    def changed(self, commit: str, specs: list[str]) -> list[str]:
+        """Labels of the units that differ between `commit` and the working tree ([]: the same fingerprint), the
+        working tree's label where a unit exists there. LookupError when git does not know `commit`."""
+        old, new = self.units(commit, specs), self.units(None, specs)
+        old_hashes = Counter(h for (_, h), n in old.items() for _ in range(n))
+        new_hashes = Counter(h for (_, h), n in new.items() for _ in range(n))
+        if old_hashes == new_hashes:
+            return []
+        added = new_hashes - old_hashes
+        removed = old_hashes - new_hashes
+        labels = sorted({label for (label, h) in new if h in added} | {label for (label, h) in old if h in removed})
+        return labels
