@@ -4,19 +4,22 @@ A result is stale when the code it measures behaves differently, not when that c
 the files under the result's MEASURES paths (git pathspecs: a file, a folder, `:(exclude)path`), read either at a
 commit or in the working tree, cut into units:
 
-- a Python file: one unit per top-level statement (a function, a class, an assignment, ...), hashed from its
-  syntax tree (`ast.dump`, without line numbers). Docstrings, comments, formatting, import lines and
-  `if TYPE_CHECKING:` blocks are not part of it, and neither is the file a unit sits in;
+- a Python file: one unit per top-level statement (a function, an assignment, ...; a class is its header plus one
+  unit per member), hashed from its syntax tree (`ast.dump`, without line numbers). Docstrings, comments,
+  formatting, import lines and `if TYPE_CHECKING:` blocks are not part of it, and neither is the file a unit
+  sits in;
 - a TOML file: the parsed table (comments and layout do not count), named by its path;
 - a shell script: its lines without comment lines and surrounding white space, named by its path;
 - any other file: its bytes, named by its path.
 
 The fingerprint is the multiset of the unit hashes. Moving a function or class to another measured file, reordering
-definitions, rewording a docstring or a comment, reformatting, or changing which module an import comes from
-leaves it unchanged; changing any statement of a unit (a constant, a call, a default, a branch), adding or
-removing a unit, renaming one, or changing a config value or a script line changes it. What it cannot see: an
-import that now names a different object of the same name from outside the measured paths (code inside them is
-fingerprinted where it is defined).
+definitions, rewording a docstring or a comment, reformatting, changing which module an import comes from, or
+adding a plain new definition (a function, class, method or constant under a name the measured code did not have:
+nothing runs it until a changed unit names it) leaves a result fresh. Changing any statement of a unit (a
+constant, a call, a default, a branch), removing or renaming a unit, adding any other statement (a module-level
+call, a definition that shadows an existing name or is registered by a decorator), or changing a config value
+or a script line makes it stale. What it cannot see: an import that now names a different object of the same
+name from outside the measured paths (code inside them is fingerprinted where it is defined).
 """
 
 from __future__ import annotations
@@ -29,23 +32,25 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
-Unit = tuple[str, str]  # (label: "path" or "path:name", hash)
+Unit = tuple[str, str, bool]  # (label: "path", "path:name" or "path:Class.name", hash, a plain definition)
+
+# Decorators that only wrap or describe a definition: a new definition decorated by anything else may register
+# itself somewhere (an op, a plugin), so it counts as a change even when nothing names it yet.
+_PLAIN_DECORATORS = {"dataclass", "property", "staticmethod", "classmethod", "contextmanager", "cache", "wraps"}
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()
 
 
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
 def _strip_docstrings(node: ast.AST) -> ast.AST:
     for n in ast.walk(node):
         body = getattr(n, "body", None)
-        if (
-            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body and _is_docstring(body[0]):
             n.body = body[1:] or [ast.Pass()]
     return node
 
@@ -59,21 +64,43 @@ def _unit_name(node: ast.stmt) -> str:
     return type(node).__name__.lower()
 
 
+def _plain_definition(node: ast.stmt) -> bool:
+    """A statement that only binds a new name: a function or class (plainly decorated), or an assignment whose value
+    calls nothing but dataclass fields. Adding one changes nothing until some other statement names it."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        names = {ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1] for d in node.decorator_list}
+        return names <= _PLAIN_DECORATORS
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        calls = [c for c in ast.walk(node) if isinstance(c, ast.Call)]
+        return all(ast.unparse(c.func).split(".")[-1] == "field" for c in calls)
+    return False
+
+
 def python_units(path: str, text: str) -> list[Unit]:
+    """(label, hash, plain definition) of every unit of a Python file; a class is its header (name, bases,
+    decorators) plus one unit per member statement (`Class.member`)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return [(path, _sha(text.encode()))]
+        return [(path, _sha(text.encode()), False)]
     units = []
     for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            continue  # the module docstring (or a bare string)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_docstring(node):
+            continue  # import lines; the module docstring (or a bare string)
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue  # annotations only
+        if isinstance(node, ast.ClassDef):
+            members, node.body = node.body, [ast.Pass()]
+            units.append((f"{path}:{node.name}", _sha(ast.dump(node).encode()), _plain_definition(node)))
+            for member in members:
+                if _is_docstring(member):
+                    continue
+                dump = ast.dump(_strip_docstrings(member))
+                label = f"{path}:{node.name}.{_unit_name(member)}"
+                units.append((label, _sha(f"{node.name}\0{dump}".encode()), _plain_definition(member)))
+            continue
         dump = ast.dump(_strip_docstrings(node), include_attributes=False)
-        units.append((f"{path}:{_unit_name(node)}", _sha(dump.encode())))
+        units.append((f"{path}:{_unit_name(node)}", _sha(dump.encode()), _plain_definition(node)))
     return units
 
 
@@ -84,7 +111,7 @@ def file_units(path: str, data: bytes) -> list[Unit]:
     if path.endswith(".toml"):
         try:
             canonical = json.dumps(tomllib.loads(data.decode()), sort_keys=True, default=str)
-            return [(path, _sha(f"{path}\0{canonical}".encode()))]
+            return [(path, _sha(f"{path}\0{canonical}".encode()), False)]
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):
             pass
     if path.endswith(".sh"):
@@ -92,8 +119,8 @@ def file_units(path: str, data: bytes) -> list[Unit]:
         kept = [ln for ln in lines if ln and not (ln.startswith("#") and not ln.startswith("#!"))]
         # #SBATCH lines are directives, not comments
         kept += [ln for ln in lines if ln.startswith("#SBATCH")]
-        return [(path, _sha(f"{path}\0{chr(10).join(kept)}".encode()))]
-    return [(path, _sha(path.encode() + b"\0" + data))]
+        return [(path, _sha(f"{path}\0{chr(10).join(kept)}".encode()), False)]
+    return [(path, _sha(path.encode() + b"\0" + data), False)]
 
 
 def matches(path: str, specs: list[str]) -> bool:
@@ -163,14 +190,20 @@ class Fingerprinter:
         return out
 
     def changed(self, commit: str, specs: list[str]) -> list[str]:
-        """Labels of the units that differ between `commit` and the working tree ([]: the same fingerprint), the
-        working tree's label where a unit exists there. LookupError when git does not know `commit`."""
+        """Labels of the units that make the working tree differ from `commit` ([]: the same behaviour). Units whose
+        hash is on both sides (moved, reformatted, re-documented) do not count, and neither does a plain new
+        definition under a name the measured code did not have (nothing can call it unless another, changed, unit
+        names it). LookupError when git does not know `commit`."""
         old, new = self.units(commit, specs), self.units(None, specs)
-        old_hashes = Counter(h for (_, h), n in old.items() for _ in range(n))
-        new_hashes = Counter(h for (_, h), n in new.items() for _ in range(n))
-        if old_hashes == new_hashes:
-            return []
-        added = new_hashes - old_hashes
-        removed = old_hashes - new_hashes
-        labels = sorted({label for (label, h) in new if h in added} | {label for (label, h) in old if h in removed})
-        return labels
+        old_hashes = Counter(h for (_, h, _), n in old.items() for _ in range(n))
+        new_hashes = Counter(h for (_, h, _), n in new.items() for _ in range(n))
+        removed, added = old_hashes - new_hashes, new_hashes - old_hashes
+        old_names = {_name(label) for label, _, _ in old}
+        labels = {label for label, h, _ in old if h in removed}
+        labels |= {label for label, h, plain in new if h in added and not (plain and _name(label) not in old_names)}
+        return sorted(labels)
+
+
+def _name(label: str) -> str:
+    """A unit's name wherever it sits: "Class.member" of "path:Class.member" (a file's own label is its path)."""
+    return label.split(":", 1)[1] if ":" in label else label

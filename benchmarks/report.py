@@ -89,7 +89,21 @@ _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
-KNOWN_STALE: dict[str, str] = {}
+_CONFIG_MOVE = (
+    "the trainer's config moved beside its code (issue 37); a debug run's metrics.jsonl is bitwise equal before and "
+    "after (scripts/metrics_equal.py); to be re-measured once this round's trainer changes land"
+)
+KNOWN_STALE: dict[str, str] = {
+    name: _CONFIG_MOVE
+    for name in (
+        "checkpoint_verify",
+        "communication",
+        "document_masking",
+        "engine_parity",
+        "memory_plan",
+        "network_per_step",
+    )
+}
 
 # A result is stale when any of these changed since the commit it records.
 _MODEL = ["titanloop/model/"]

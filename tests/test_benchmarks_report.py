@@ -130,8 +130,20 @@ def test_staleness_ignores_moves_comments_and_formatting_but_not_behaviour(tmp_p
     (pkg / "run.toml").write_text("# header\n[training]\nsteps    = 10\n")
     (pkg / "run.sh").write_text("#!/bin/bash\n#SBATCH --nodes=2\n# another comment\n  echo hi\n")
     assert staleness("x", data, tmp_path, measures) == (False, "no measured code changed since")
+    # a plain new definition (a function, a method, a constant under a new name) runs nowhere until a changed unit
+    # names it: still fresh
+    (pkg / "b.py").write_text(
+        "def g():\n    return 2\n\n\ndef h():\n    return 3\n\n\nK = (1, 2)\n\n\n"
+        "class C:\n    lr: float = 3e-4\n\n    def extra(self):\n        return 1\n"
+    )
+    assert staleness("x", data, tmp_path, measures) == (False, "no measured code changed since")
+    g_and_c = "def g():\n    return 2\n\n\nclass C:\n    lr: float = 3e-4\n"
     for path, text, label in [
-        ("b.py", "def g():\n    return 2\n\n\nclass C:\n    lr: float = 1e-3\n", "pkg/b.py:C"),  # a default
+        ("b.py", "def g():\n    return 2\n\n\nclass C:\n    lr: float = 1e-3\n", "pkg/b.py:C.lr"),  # a default
+        ("b.py", g_and_c + "\n\ndef g():\n    return 5\n", "pkg/b.py:g"),  # a new definition shadowing g
+        ("b.py", g_and_c + "\n\n@register\ndef plugin():\n    return 1\n", "pkg/b.py:plugin"),  # registers itself
+        ("b.py", g_and_c + "\nsetup()\n", "pkg/b.py:expr"),  # a module-level call
+        ("b.py", "def g2():\n    return 2\n\n\nclass C:\n    lr: float = 3e-4\n", "pkg/b.py:g"),  # a rename
         ("a.py", "def f(x):\n    return x + 1\n", "pkg/a.py:f"),  # a statement
         ("run.toml", "[training]\nsteps = 11\n", "pkg/run.toml"),  # a config value
         ("run.sh", "#!/bin/bash\n#SBATCH --nodes=4\necho hi\n", "pkg/run.sh"),  # a Slurm directive
