@@ -58,7 +58,7 @@ def worker(hidden: int, layers: int, out: str, repeats: int = 1) -> None:
         world_size=world,
     )
     mesh = init_mesh(cfg)
-    engine = build_engine(cfg, build_model(cfg), mesh, torch.float32)
+    engine = build_engine(cfg.engine_settings(), build_model(cfg), mesh, torch.float32)
     for p in engine.model.parameters():  # create the AdamW state
         p.grad = torch.zeros_like(p)
     engine.step(float("inf"))

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from benchmarks import report
 from titanloop import gpu_check as gc
-from titanloop.config_errors import ConfigError
 from titanloop.model import attention as attn
 from titanloop.model import looplm, preset
 from titanloop.objectives import per_loop_cross_entropy
@@ -110,8 +109,8 @@ def test_throughput_uses_the_flop_model_and_skips_the_compile_step():
 def test_training_commands_and_the_float8_flag(tmp_path):
     bf16 = gc.train_args(tmp_path, "ouro-1.4b", {"n_layers": 12}, 8, 4096, 8)
     tw = gc.train_args(tmp_path, "ouro-1.4b", {"n_layers": 12}, 8, 4096, 8, "tensorwise")
-    assert tw == bf16 + ["--training.float8", "tensorwise"] and "--training.float8" not in bf16
-    assert gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "rowwise")[-2:] == ["--training.float8", "rowwise"]
+    assert tw == bf16 + ["--float8.recipe", "tensorwise"] and "--float8.recipe" not in bf16
+    assert gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "rowwise")[-2:] == ["--float8.recipe", "rowwise"]
     assert bf16[bf16.index("--model.n_layers") + 1] == "12" and bf16[bf16.index("--loop_sampler.n_loops") + 1] == "8"
     assert "--model.n_loops" not in bf16  # T has one home
     with pytest.raises(ValueError, match="precision 'fp8'"):
@@ -121,19 +120,14 @@ def test_training_commands_and_the_float8_flag(tmp_path):
     assert cmd[6:9] == ["titanloop.train", "--config", str(gc.TRAIN_CONFIG)] and cmd[9:] == bf16
     rec = gc.torchrun_command("/py", 1, bf16, ["-m", "titanloop.gpu_check", "--record-kernels", "k.json"])
     assert rec[5:10] == ["-m", "titanloop.gpu_check", "--record-kernels", "k.json", "--config"]
-    # the trainer's own config parser accepts the bf16 run; the float8 runs once training.float8 exists
+    # the trainer's own config parser accepts every run
     from titanloop.train.config import load_config
 
     cfg = load_config(gc.TRAIN_CONFIG, bf16, world_size=8)
-    assert (cfg.model.looplm.n_layers, cfg.loop_sampler.n_loops, cfg.training.seq_len) == (12, 8, 4096)
-    assert cfg.parallelism.compile and cfg.training.doc_masking and cfg.model.looplm.vocab_size == 49152
+    assert (cfg.looplm.n_layers, cfg.loop_sampler.n_loops, cfg.training.seq_len) == (12, 8, 4096)
+    assert cfg.parallelism.compile and cfg.training.doc_masking and cfg.looplm.vocab_size == 49152
     assert cfg.parallelism.activation_checkpoint == "loop"  # T=8 at 4K needs it (107 GB per GPU without)
-    if gc.float8_supported():
-        assert load_config(gc.TRAIN_CONFIG, tw, world_size=8).training.float8 == "tensorwise"
-    else:
-        print("training.float8 is not in this build: only the command construction is checked")
-        with pytest.raises(ConfigError, match="float8"):
-            load_config(gc.TRAIN_CONFIG, tw, world_size=8)
+    assert load_config(gc.TRAIN_CONFIG, tw, world_size=8).float8.recipe == "tensorwise"
 
 
 def test_missing_modules():

@@ -1,7 +1,8 @@
 """The loop count T has one home, `[loop_sampler] n_loops` (issue 25).
 
-- A config that sets `model.n_loops` (or `retrofit.n_loops`) to another value is refused in one line naming both.
-- No shipped config sets T twice.
+- T is one field by construction: `model.n_loops` and `retrofit.n_loops` do not exist, and a config (file or
+  command line) that still sets one, or any other moved key, is refused in one line naming its new home.
+- No shipped config sets a moved key.
 - Checkpoints record the trained depth (titanloop.json "trained_depth"), and loading a checkpoint gives the model
   that default depth, which evaluation, the sweep, the exit strategies and the HF export read.
 - End to end: `torchrun -m titanloop.train ... --loop_sampler.n_loops 8` alone trains at T = 8, and
@@ -27,29 +28,47 @@ REPO = Path(__file__).resolve().parents[1]
 DEBUG = REPO / "train_configs" / "debug.toml"
 
 
-def test_model_n_loops_that_disagrees_with_the_sampler_is_refused_naming_both_fields():
-    with pytest.raises(ConfigError, match=r"model\.n_loops=4 and loop_sampler\.n_loops=8 disagree.*remove model"):
-        load_config(DEBUG, ["--model.n_loops", "4", "--loop_sampler.n_loops", "8"], world_size=1)
-    with pytest.raises(ConfigError, match=r"model\.n_loops=8 and loop_sampler\.n_loops=4"):
-        load_config(DEBUG, ["--model.n_loops", "8"], world_size=1)  # the sampler's default 4 is the one home
+def test_a_moved_key_is_refused_in_one_line_naming_its_new_home(tmp_path):
+    from titanloop.train.config import MOVED
+
+    assert MOVED["model.n_loops"] == MOVED["retrofit.n_loops"] == "loop_sampler.n_loops"
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        for overrides in ([f"--{old}", "4"], [f"--{old}", "4", f"--{new}", "4"]):  # agreeing values too
+            with pytest.raises(ConfigError) as e:
+                load_config(DEBUG, overrides, world_size=1)
+            msg = str(e.value)
+            assert msg.startswith(f"{old} has moved to {new}:") and "\n" not in msg, msg
+        toml = tmp_path / f"{section}_{key}.toml"
+        toml.write_text(
+            DEBUG.read_text() + f"\n[{section}]\n{key} = 4\n"
+            if section not in ("model", "training")
+            else DEBUG.read_text().replace(f"[{section}]\n", f"[{section}]\n{key} = 4\n", 1)
+        )
+        with pytest.raises(ConfigError, match=f"^{old} has moved to {new}"):
+            load_config(toml, world_size=1)
 
 
 def test_the_sampler_alone_sets_the_model_depth_and_the_recorded_config():
     cfg = load_config(DEBUG, ["--loop_sampler.n_loops", "8"], world_size=1)
-    assert cfg.looplm.n_loops == 8 and cfg.to_dict()["model"]["n_loops"] == 8
-    same = load_config(DEBUG, ["--model.n_loops", "6", "--loop_sampler.n_loops", "6"], world_size=1)
-    assert same.looplm.n_loops == 6  # agreeing values are accepted
+    assert cfg.looplm.n_loops == 8 and cfg.family.build().cfg.n_loops == 8
+    assert "n_loops" not in cfg.to_dict()["model"] and cfg.to_dict()["loop_sampler"]["n_loops"] == 8
     with pytest.raises(ConfigError, match=r"loop_sampler\.n_loops=20.*model\.max_loops=16"):
         load_config(DEBUG, ["--loop_sampler.n_loops", "20"], world_size=1)
+    deep = load_config(DEBUG, ["--loop_sampler.n_loops", "20", "--model.max_loops", "24"], world_size=1)
+    assert (deep.looplm.n_loops, deep.looplm.max_loops) == (20, 24)
 
 
-def test_no_shipped_config_sets_the_loop_count_twice():
+def test_no_shipped_config_sets_a_moved_key():
+    from titanloop.train.config import MOVED
+
     configs = sorted((REPO / "train_configs").rglob("*.toml")) + sorted((REPO / "experiments").rglob("*.toml"))
     assert len(configs) >= 14
     for path in configs:
         raw = tomllib.loads(path.read_text())
-        for section in ("model", "retrofit"):
-            assert "n_loops" not in raw.get(section, {}), f"{path}: [{section}] n_loops (T lives in [loop_sampler])"
+        for old, new in MOVED.items():
+            section, key = old.split(".")
+            assert key not in raw.get(section, {}), f"{path}: {old} (its home is {new})"
 
 
 def test_loading_a_checkpoint_gives_the_model_its_trained_depth():

@@ -53,7 +53,7 @@ def _worker(out: str) -> None:
     for tp, ac in LAYOUTS[world]:
         cfg = load_config(None, _overrides(tp, ac), world_size=world)
         mesh = init_mesh(cfg)
-        model = parallelize(cfg, build_model(cfg), mesh, torch.float32)
+        model = parallelize(cfg.engine_settings(), build_model(cfg), mesh, torch.float32)
         assert all(p.device.type == "meta" for p in model.parameters())
         init_weights(model, mesh.device)
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

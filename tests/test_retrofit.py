@@ -238,7 +238,6 @@ def test_training_config_section_and_checks(dense):
     """[retrofit] in the training config: the shape comes from the checkpoint; unsupported settings are one line."""
     from pathlib import Path
 
-    from titanloop.family import family_of
     from titanloop.train.config import load_config
 
     path, _ = dense
@@ -258,11 +257,17 @@ def test_training_config_section_and_checks(dense):
         "32",
     ]
     cfg = load_config(config, base, world_size=2)
-    assert family_of(cfg).name == "retrofit" and cfg.looplm.vocab_size == 96 and cfg.looplm.n_prelude_layers == 2
+    assert cfg.family.name == "retrofit" and cfg.looplm.vocab_size == 96 and cfg.looplm.n_prelude_layers == 2
+    # its loop settings come from [model] and the loop sampler (their one home), the rest from [retrofit]
+    assert (cfg.family.config.n_loops, cfg.family.config.max_loops, cfg.family.config.gate_bias_init) == (1, 16, -2.0)
+    tuned = load_config(config, base + ["--model.max_loops", "6", "--loop_sampler.n_loops", "3"], world_size=2)
+    assert (tuned.family.config.n_loops, tuned.family.config.max_loops, tuned.family.config.n_coda) == (3, 6, 1)
+    assert load_config(config, base + ["--model.gated_recurrence", "false"]).family.config.gated_recurrence is False
     for extra, needle in [
         (["--objective.name", "stage1"], "final_only"),
         (["--parallelism.tp", "2"], "tensor"),
-        (["--model.n_loops", "2"], r"no \[model\] keys"),
+        (["--model.n_layers", "2"], r"no \[model\] keys but max_loops, gated_recurrence, gate_bias_init"),
+        (["--retrofit.max_loops", "4"], r"retrofit\.max_loops has moved to model\.max_loops"),
         (["--loop_sampler.n_loops", "20"], "max_loops"),
         (["--retrofit.recurrent_layer", "5"], "recurrent_layer"),
         (["--parallelism.engine", "deepspeed"], "'fsdp2' for a retrofit run"),
@@ -281,7 +286,6 @@ def test_training_flop_count_of_a_retrofit_run_is_its_own(dense):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from titanloop.family import family_of
     from titanloop.train.config import load_config
 
     path, _ = dense
@@ -311,8 +315,8 @@ def test_training_flop_count_of_a_retrofit_run_is_its_own(dense):
         ],
         world_size=1,
     )
-    family = family_of(cfg)
-    model = family.build(cfg)
+    family = cfg.family
+    model = family.build()
     _randomize(model.modulation)
     x = torch.randint(0, 96, (b, s), generator=torch.Generator().manual_seed(1))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
@@ -320,7 +324,7 @@ def test_training_flop_count_of_a_retrofit_run_is_its_own(dense):
     counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
     attention = counts.pop("aten.bmm")  # the math kernel computes every score; we count the causal half
     expected = sum(counts.values()) + attention * (s + 1) / (2 * s)
-    ours = family.flops_per_token(cfg, s, t) * b * s
+    ours = family.flops_per_token(s, t) * b * s
     assert ours == pytest.approx(expected, rel=0.02), (ours, expected, counts, attention)
     # the LoopLM-shaped view the trainer used before counted the frozen prelude and coda as trained, T times
     assert cfg.looplm.flops_per_token(s, n_loops=t) * b * s > 1.1 * expected

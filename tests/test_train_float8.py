@@ -1,4 +1,4 @@
-"""Float8 training (`training.float8`, titanloop.parallel.float8) through the real trainer on 2 CPU ranks (gloo,
+"""Float8 training (`float8.recipe`, titanloop.parallel.float8) through the real trainer on 2 CPU ranks (gloo,
 torchao's emulation: the float8 casts and scales of the recipe, the matmul in high precision), both recipes.
 
 - loss: 50 steps of train_configs/debug.toml (lr 3e-3) in float8 vs the same run in fp32 (what
@@ -55,11 +55,11 @@ def test_float8_is_refused_where_it_is_not_built():
         (["--retrofit.hf_path", "/nonexistent/model"], 1, "retrofit run"),
     ]:
         with pytest.raises(ConfigError) as e:
-            load_config(DEBUG, ["--training.float8", "tensorwise", *overrides], world_size=world)
+            load_config(DEBUG, ["--float8.recipe", "tensorwise", *overrides], world_size=world)
         msg = str(e.value)
-        assert msg.startswith("training.float8='tensorwise' is invalid") and needle in msg and "\n" not in msg, msg
-    with pytest.raises(ConfigError, match="training.float8='fp8' is invalid"):
-        load_config(DEBUG, ["--training.float8", "fp8"], world_size=1)
+        assert msg.startswith("float8.recipe='tensorwise' is invalid") and needle in msg and "\n" not in msg, msg
+    with pytest.raises(ConfigError, match="float8.recipe='fp8' is invalid"):
+        load_config(DEBUG, ["--float8.recipe", "fp8"], world_size=1)
     from titanloop.model import LoopLM
     from titanloop.model.config import preset
     from titanloop.parallel.float8 import apply_float8
@@ -99,7 +99,7 @@ def test_only_the_decoder_layers_linears_become_float8(recipe):
 def test_dry_run_converts_the_model_at_real_size():
     from titanloop.train.dry_run import dry_run
 
-    cfg = load_config(REPO / "train_configs" / "ouro_1p4b.toml", ["--training.float8", "tensorwise"], world_size=64)
+    cfg = load_config(REPO / "train_configs" / "ouro_1p4b.toml", ["--float8.recipe", "tensorwise"], world_size=64)
     text = dry_run(cfg, 64).text()
     layers = cfg.looplm.n_layers
     assert f"float8 tensorwise: {7 * layers} of {7 * layers + 2} linears converted" in text, text
@@ -115,7 +115,7 @@ def test_memory_plan_gathers_the_looped_weights_in_float8():
     overrides = ["--model.hidden_size", "256", "--model.ffn_hidden_size", "704"]
     gathered = {}
     for recipe in ("off", "tensorwise"):
-        cfg = load_config(DEBUG, [*overrides, "--training.float8", recipe], world_size=2)
+        cfg = load_config(DEBUG, [*overrides, "--float8.recipe", recipe], world_size=2)
         gathered[recipe] = dry_run(cfg, 2, memory_plan=True).memory_plan.rows["parameters (gathered)"]
     looped = N_LAYERS * (4 * 256 * 256 + 3 * 256 * 704)  # q, k, v, o + gate, up, down weights
     saved = gathered["off"] - gathered["tensorwise"]
@@ -126,7 +126,7 @@ def test_memory_plan_gathers_the_looped_weights_in_float8():
 
 
 def _f8(recipe: str) -> list[str]:
-    return ["--training.float8", recipe]
+    return ["--float8.recipe", recipe]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from titanloop.config_errors import ConfigError
-from titanloop.train.config import load_config, validation_loops
+from titanloop.train.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEBUG = str(REPO / "train_configs" / "debug.toml")
@@ -74,7 +74,7 @@ def training_part(rec: dict) -> dict:
 def test_config_errors_name_the_field():
     cfg = load_config(DEBUG, ["--validation.enable", "true"])
     assert cfg.validation.held_out.kind == "synthetic_text" and cfg.validation.held_out.seed == cfg.data.seed + 1
-    assert validation_loops(cfg) == [1, 2, 3, 4, 8]
+    assert cfg.validation.loop_counts(cfg.loop_sampler.n_loops, cfg.looplm) == [1, 2, 3, 4, 8]
     task = load_config(DEBUG, ["--validation.enable", "true", *TASK_ARGS])
     assert task.validation.held_out.split == "eval" and task.validation.held_out.task == "compose"
     for args, field in [
@@ -201,7 +201,7 @@ def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
     assert val["step"] == steps
     cfg = load_config(DEBUG, extra, world_size=2)
     dp = 1 if layout == "tp2" else 2
-    loops, qs = validation_loops(cfg), cfg.validation.q
+    loops, qs = cfg.validation.loop_counts(cfg.loop_sampler.n_loops, cfg.looplm), cfg.validation.q
     ckpt = run / "checkpoints" / f"step-{steps:08d}"
     if data == "task":  # task held-out batches: dealt round-robin to the ranks, one example per row
         spec, batch_size, max_batches = {**TASK, "split": "eval", "seed": 0}, mb, val_steps * dp

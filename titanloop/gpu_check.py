@@ -19,7 +19,7 @@ Checks, in order (tolerances and their derivation: docs/scaling.md, "GPU check")
                     no further from the fp32 result than 2 x the naive bf16 full-logits computation is
   train T, prec.    `torchrun -m titanloop.train` on all local GPUs (FSDP2, bf16 params, fp32 reduce, compile,
                     per-loop activation checkpointing, document masking), STEPS steps at T=4 and T=8, in bf16
-                    and with `--training.float8 tensorwise` and `rowwise`: tokens/s/GPU, MFU (FLOPs from
+                    and with `--float8.recipe tensorwise` and `rowwise`: tokens/s/GPU, MFU (FLOPs from
                     LoopLMConfig.flops_per_token, every loop counted, vs the device's bf16 dense peak) and peak
                     memory
   memory plan       each run's peak memory (torch.cuda.max_memory_allocated) vs the memory plan of the same
@@ -162,7 +162,7 @@ def train_args(
     The copy task of train_configs/debug.toml at the Ouro vocabulary, AdamW at 1e-3 (debug.toml's 1e-2 is for its
     tiny model), per-loop activation checkpointing as every stage config (without it 1.4B at T=8, 4K needs 107 GB
     per GPU, benchmarks/results/memory_plan.json); `precision` bf16 adds nothing (training.dtype auto is bf16 on
-    GPU), a float8 recipe adds `--training.float8 <recipe>`."""
+    GPU), a float8 recipe adds `--float8.recipe <recipe>`."""
     if precision not in RECIPES:
         raise ValueError(f"precision {precision!r}: expected one of {RECIPES}")
     args = [
@@ -200,7 +200,7 @@ def train_args(
     for key, value in overrides.items():
         args += [f"--model.{key}", str(value)]
     if precision != "bf16":
-        args += ["--training.float8", precision]
+        args += ["--float8.recipe", precision]
     return args
 
 
@@ -228,14 +228,6 @@ def missing_modules(precision: str = "bf16") -> list[str]:
 
     needed = ["torchtitan"] + (["torchao"] if precision != "bf16" else [])
     return [m for m in needed if importlib.util.find_spec(m) is None]
-
-
-def float8_supported() -> bool:
-    """Whether this build's trainer has `training.float8` (the float8 runs are FAILs without it)."""
-    # (lazy: without CUDA gpu_check answers in one line before torch and the trainer load)
-    from titanloop.train.config import TrainingSection
-
-    return "float8" in getattr(TrainingSection, "__dataclass_fields__", {})
 
 
 # ----- verdicts (no GPU needed) ------------------------------------------------------------------------------
@@ -720,13 +712,7 @@ def _train(
     args = train_args(run_dir, name, overrides, n_loops, seq_len, n_gpus, precision)
     label = f"train T={n_loops} {precision}"
     missing = missing_modules(precision)
-    why = (
-        f"{sys.executable} cannot import {missing}"
-        if missing
-        else "this build's trainer has no training.float8"
-        if precision != "bf16" and not float8_supported()
-        else None
-    )
+    why = f"{sys.executable} cannot import {missing}" if missing else None
     if why:
         return RunResult(n_loops, precision, error=why), [Check(label, False, why)]
     proc = subprocess.run(torchrun_command(sys.executable, n_gpus, args), capture_output=True, text=True)

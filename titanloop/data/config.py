@@ -88,5 +88,7 @@ class DataConfig:
     def from_dict(cls, d: dict) -> "DataConfig":
         return from_dict_strict(cls, d, "data config")
 
+    from_table = from_dict  # the [data] table of a training config (titanloop.config_fields.build_section)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from titanloop.config_errors import ConfigError, from_dict_strict, require, require_choice
+from titanloop.config_fields import coerce, field_types
 
 READOUTS = ("norm", "raw", "final_only_norm")
 ATTENTION_BACKENDS = ("auto", "varlen", "flash", "flex", "sdpa_per_doc", "sdpa")  # see titanloop.model.attention
@@ -242,3 +243,47 @@ def preset(name: str, **overrides) -> LoopLMConfig:
         raise ConfigError(f"model preset={name!r} is unknown: expected one of {sorted(PRESETS)}")
     cfg = PRESETS[name]()
     return cfg.replace(**overrides) if overrides else cfg
+
+
+@dataclass
+class ModelSection:
+    """The `[model]` table of a training config: `preset` names a size in PRESETS; every other key overrides a
+    LoopLMConfig field of it, except `n_loops`: the loop count T has one home, `[loop_sampler] n_loops`, and
+    `shape(T)` is the model at that default depth."""
+
+    preset: str = "debug-tiny"
+    overrides: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        require_choice(self.preset, "model.preset", sorted(PRESETS))
+        require("n_loops" not in self.overrides, "model.n_loops", self.overrides.get("n_loops"), _T_HOME)
+        self.shape(1)  # every field checked once, at any depth the loop sampler may give
+
+    def shape(self, n_loops: int) -> LoopLMConfig:
+        """The LoopLMConfig of this section with default depth T = n_loops (the loop sampler's)."""
+        return preset(self.preset, **self.overrides, n_loops=n_loops)
+
+    @property
+    def max_loops(self) -> int:
+        return self.overrides.get("max_loops", PRESETS[self.preset]().max_loops)
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset, **self.overrides}
+
+    @classmethod
+    def from_table(cls, values: dict) -> "ModelSection":
+        values = dict(values)
+        name = values.pop("preset", cls.preset)
+        if not isinstance(name, str):
+            raise ConfigError(f"model.preset={name!r} is invalid: expected one of {sorted(PRESETS)}")
+        types = {k: t for k, t in field_types(LoopLMConfig).items() if k != "n_loops"}
+        unknown = sorted(set(values) - set(types))
+        if unknown:
+            raise ConfigError(
+                f"[model] has unknown key(s) {unknown}: allowed keys are ['preset', "
+                f"{', '.join(repr(k) for k in sorted(types))}]"
+            )
+        return cls(preset=name, overrides={k: coerce(v, types[k], f"model.{k}") for k, v in values.items()})
+
+
+_T_HOME = "no value here: the loop count T has one home, [loop_sampler] n_loops"

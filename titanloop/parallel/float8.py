@@ -1,4 +1,5 @@
-"""Float8 training of the decoder layers' linears with torchao (`training.float8 = "tensorwise" | "rowwise"`).
+"""Float8 training of the decoder layers' linears with torchao: the `[float8]` section (`recipe = "tensorwise" |
+"rowwise"`), its checks and the conversion.
 
 `apply_float8` swaps every nn.Linear of the decoder layers (prelude, looped stack, coda: q/k/v/o, gate/up/down) for
 torchao's Float8Linear with `convert_to_float8_training`, before TP/AC/compile/FSDP2 (as torchtitan converts its
@@ -34,36 +35,47 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 import torch.nn as nn
 
-from titanloop.config_errors import require
+from titanloop.config_errors import require, require_choice
 
 RECIPES = ("off", "tensorwise", "rowwise")
 
 
-def check_float8_layout(cfg, tp: int, family_has_float8: bool = True) -> None:
-    """Where training.float8 runs (checked by titanloop.train.config before any process group): the FSDP2 engine,
-    without tensor parallelism, on a model family that supports it (a LoopLM; not a retrofit run)."""
-    f8 = cfg.training.float8
-    if f8 == "off":
+@dataclass
+class Float8Section:
+    """`[float8]`: float8 matmuls in the decoder layers' linears (torchao; LM head, gates and embedding stay in high
+    precision), emulated without a GPU (docs/parallelism.md)."""
+
+    recipe: str = "off"  # off | tensorwise | rowwise
+
+    def validate(self) -> None:
+        require_choice(self.recipe, "float8.recipe", RECIPES)
+
+
+def check_float8_layout(f8: Float8Section, engine: str, tp: int, family_has_float8: bool = True) -> None:
+    """Where float8 runs (checked by titanloop.train.config before any process group): the FSDP2 engine, without
+    tensor parallelism, on a model family that supports it (a LoopLM; not a retrofit run)."""
+    if f8.recipe == "off":
         return
     require(
         family_has_float8,
-        "training.float8",
-        f8,
+        "float8.recipe",
+        f8.recipe,
         "'off' for a retrofit run (retrofit.hf_path is set; its frozen pretrained base is not converted)",
     )
     require(
-        cfg.parallelism.engine == "fsdp2",
-        "training.float8",
-        f8,
-        f"'off' with parallelism.engine={cfg.parallelism.engine!r} (float8 is built for engine='fsdp2' only)",
+        engine == "fsdp2",
+        "float8.recipe",
+        f8.recipe,
+        f"'off' with parallelism.engine={engine!r} (float8 is built for engine='fsdp2' only)",
     )
     require(
         tp == 1,
-        "training.float8",
-        f8,
+        "float8.recipe",
+        f8.recipe,
         f"'off' with parallelism.tp={tp} (float8 with tensor parallelism is not supported yet: use parallelism.tp=1)",
     )
 
@@ -90,7 +102,7 @@ def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool 
     # torchtitan refuses the same combination (its emulation is for eager tests only)
     require(
         not (emulate and compile),
-        "training.float8",
+        "float8.recipe",
         recipe,
         "'off' with parallelism.compile=true without a GPU (torchao's float8 emulation runs eager only)",
     )

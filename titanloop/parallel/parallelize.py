@@ -36,7 +36,7 @@ def parallelize_looplm(
     float8: str = "off",
     float8_emulate: bool = False,
 ) -> LoopLM:
-    """Apply float8 (training.float8, titanloop.parallel.float8), TP (when parallel_dims.tp > 1), AC, compile and
+    """Apply float8 (float8.recipe, titanloop.parallel.float8), TP (when parallel_dims.tp > 1), AC, compile and
     FSDP2 to `model` in place and return it. compile_fullgraph: see apply_compile (None: as the attention backend
     allows)."""
     apply_float8(model, float8, emulate=float8_emulate, compile=compile)

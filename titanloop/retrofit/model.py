@@ -265,7 +265,7 @@ class RetrofitLM(nn.Module):
                 t_total <= self.rcfg.max_loops,
                 "n_loops",
                 t_total,
-                f"<= retrofit.max_loops={self.rcfg.max_loops} (per-step parameters)",
+                f"<= max_loops={self.rcfg.max_loops} (per-step parameters; model.max_loops in a training config)",
             )
         cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions)
         x = self.embed_tokens(input_ids)

@@ -14,7 +14,6 @@ import os
 import sys
 
 from titanloop.config_errors import ConfigError
-from titanloop.family import family_of
 from titanloop.train.config import SECTIONS, load_config
 
 USAGE = f"""\
@@ -99,8 +98,8 @@ def print_summary(run) -> None:
     p = cfg.parallelism
     engine = "fsdp2" if p.engine == "fsdp2" else f"deepspeed ZeRO-{p.zero_stage} offload {p.zero_offload}"
     if mesh.rank == 0:
-        family = family_of(cfg)
-        what = family.describe(cfg)
+        family = cfg.family
+        what = family.describe()
         print(
             f"[titanloop] {what}: {run.n_params:,} parameters | world {mesh.world_size} "
             f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
@@ -109,7 +108,7 @@ def print_summary(run) -> None:
             f"{cfg.loop_sampler.kind}",
             flush=True,
         )
-        for line in family.extra_summary(cfg, run):
+        for line in family.extra_summary(run):
             print(f"[titanloop] {line}", flush=True)
 
 

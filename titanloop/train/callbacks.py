@@ -27,7 +27,6 @@ import torch
 from torchtitan.tools.utils import GarbageCollection
 
 from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
-from titanloop.family import family_of
 from titanloop.model.config import attended_keys_per_token
 from titanloop.parallel.compile import compiled_graphs
 from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
@@ -166,7 +165,7 @@ class Metrics(Callback):
         seq_len = cfg.training.seq_len
         tokens = run.dataloader.batch_at(result.step - 1) * seq_len
         doc_lengths = result.doc_lengths or None  # None: plain causal attention
-        flops = family_of(cfg).flops_per_token(cfg, seq_len, result.n_loops, doc_lengths)
+        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths)
         flops *= tokens / result.seconds
         peak = H100_BF16_PEAK_FLOPS * mesh.world_size
         scalars = {

@@ -27,11 +27,11 @@ from titanloop.checkpoint import CheckpointConfig, layout
 from titanloop.config_errors import cli_errors, require
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.data.shards import is_remote
-from titanloop.family import family_of
 from titanloop.objectives import LoopSampler
 from titanloop.parallel.float8 import float8_summary
 from titanloop.recipe import stages
-from titanloop.train.config import TrainConfig, load_config, mesh_degrees, validate_layout, validation_loops
+from titanloop.train.config import TrainConfig, load_config, validate_layout
+from titanloop.train.engines.config import mesh_degrees
 from titanloop.train.engines import build_lr_schedulers, build_optimizer, parallelize
 from titanloop.train.memory_plan import plan_memory
 from titanloop.train.startup import build_model, default_comm, init_mesh, param_dtype
@@ -172,9 +172,10 @@ def _validation_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
         return
     d, b = v.held_out, batch_size(cfg)
     runs = t.steps // v.freq + (t.steps % v.freq != 0)
+    loops = v.loop_counts(cfg.loop_sampler.n_loops, cfg.looplm)
     line = (
         f"validation: {runs} runs (every {v.freq} steps and the last), {v.steps} batches x {b} rows per "
-        f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {validation_loops(cfg)}, "
+        f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {loops}, "
         f"Q-exit q in {v.q}, held-out data {d.kind}"
     )
     if d.kind in ("synthetic_task", "synthetic_text"):
@@ -200,7 +201,7 @@ def validation_memory_note(cfg: TrainConfig, activations: int, dtype_bytes: int 
     """Validation's memory next to the plan's training step (not measured, counted from the shapes): a no-grad
     forward between steps, compared with the step's measured activations (`activations`, bytes)."""
     m, t = cfg.looplm, cfg.training
-    t_max = max(max(validation_loops(cfg)), m.n_loops)
+    t_max = max(max(cfg.validation.loop_counts(cfg.loop_sampler.n_loops, m)), cfg.loop_sampler.n_loops)
     held = 2 * t_max * batch_size(cfg) * t.seq_len * m.hidden_size * dtype_bytes
     verdict = (
         "below the step's activations, so no new peak"
@@ -253,30 +254,32 @@ def dry_run(
 ) -> DryRunReport:
     """Everything a real start at `world_size` does, on a fake process group and meta tensors."""
     validate_layout(cfg, world_size)
-    dp, tp = mesh_degrees(cfg, world_size)
+    dp, tp = mesh_degrees(cfg.parallelism, world_size)
     report = DryRunReport()
     with fake_mesh(cfg, world_size) as mesh:
         model = build_model(cfg, load_weights=False)  # meta
         unique = {id(p): p for p in model.parameters()}.values()
         n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
         dtype = param_dtype(cfg, "cuda")  # what the run gets on the GPUs it is meant for
-        model = parallelize(cfg, model, mesh, dtype, device_type="cuda")  # float8 (if on) as on GPUs: not emulated
-        optimizers = build_optimizer(cfg, model, tp)
-        lr_schedulers = build_lr_schedulers(cfg, optimizers)
+        model = parallelize(
+            cfg.engine_settings(), model, mesh, dtype, device_type="cuda"
+        )  # float8 (if on) as on GPUs: not emulated
+        optimizers = build_optimizer(cfg.optimizer, model, tp)
+        lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, cfg.training.steps, optimizers)
         m = cfg.looplm
         report.add(
             f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
             f"(fake backend, rank 0 of {world_size})"
         )
-        what = family_of(cfg).describe(cfg)
+        what = cfg.family.describe()
         report.add(
             f"{what}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
             f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
             f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
             f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors"
         )
-        if cfg.training.float8 != "off":
-            report.add(float8_summary(model, cfg.training.float8))
+        if cfg.float8.recipe != "off":
+            report.add(float8_summary(model, cfg.float8.recipe))
         if cfg.parallelism.engine != "fsdp2":
             report.warnings.append(
                 f"parallelism.engine={cfg.parallelism.engine!r}: its settings and the schedules are "

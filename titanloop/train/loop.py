@@ -52,7 +52,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
     cfg, engine, state = run.cfg, run.engine, run.state
     timer = StepTimer.for_step(run, state.step)  # phase times on log steps only (titanloop.train.step_timer)
     start = time.perf_counter()
-    count_casts = cfg.metrics.count_comms and cfg.training.float8 != "off"  # logged as comm/float8_weight_cast
+    count_casts = cfg.metrics.count_comms and cfg.float8.recipe != "off"  # logged as comm/float8_weight_cast
     with (
         count_collectives() if cfg.metrics.count_comms else nullcontext() as comms,
         count_weight_casts() if count_casts else nullcontext() as casts,

@@ -124,7 +124,9 @@ def measure_step(
     if mesh.device.type == "cpu":  # FakeTensors tell "cpu" from "cpu:0"; FSDP2 puts CPU parameters on "cpu"
         mesh = dataclasses.replace(mesh, device=torch.device("cpu"))
     # float8 (if on) as on GPUs on fake tensors; emulated on a real CPU step
-    model = parallelize(cfg, build_model(cfg), mesh, param_dtype, device_type="cuda" if fake else None)
+    model = parallelize(
+        cfg.engine_settings(), build_model(cfg), mesh, param_dtype, device_type="cuda" if fake else None
+    )
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     kernel = sdpa_kernel(SDPBackend.MATH) if attention == "math" else contextlib.nullcontext()
     with mode:
@@ -132,8 +134,9 @@ def measure_step(
             model.to_empty(device=mesh.device)
         else:
             init_weights(model, mesh.device)
-        optimizers = build_optimizer(cfg, model, mesh.dims.tp)
-        engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
+        optimizers = build_optimizer(cfg.optimizer, model, mesh.dims.tp)
+        lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, t.steps, optimizers)
+        engine = FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)
         run = _fake_run(cfg, mesh, engine)
         run.tracker = tracker = FSDPMemTracker(model, optimizers.optimizers[0])
         batch = {
@@ -179,10 +182,10 @@ def plan_memory(
     rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
     n_loops = cfg.loop_sampler.bounds()[1]
     notes = []
-    if cfg.training.float8 != "off":
-        gathered = "float8" if cfg.training.float8 == "tensorwise" else "bf16"
+    if cfg.float8.recipe != "off":
+        gathered = "float8" if cfg.float8.recipe == "tensorwise" else "bf16"
         notes.append(
-            f"float8 {cfg.training.float8}: measured with torchao's float8 casts and matmuls on fake tensors "
+            f"float8 {cfg.float8.recipe}: measured with torchao's float8 casts and matmuls on fake tensors "
             f"({gathered} weights gathered, high-precision inputs saved for backward)"
         )
     if cfg.parallelism.compile:

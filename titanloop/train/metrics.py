@@ -20,14 +20,44 @@ import json
 import os
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+from titanloop.config_errors import require, require_choice
 from titanloop.train.step_timer import breakdown_line
 
 H100_BF16_PEAK_FLOPS = 989e12
 RUN_ID_FILE = "wandb_run_id"
 CHART_POINTS = 256  # points per series in the loss-by-loop charts (the history is subsampled evenly)
 CHART_EVERY = 100  # logged steps between two loss-by-loop charts (and at every validation)
+WANDB_MODES = ("off", "online", "offline")
+
+
+@dataclass
+class MetricsSection:
+    log_freq: int = 1  # steps between metric lines
+    wandb: str = "off"  # off | online | offline (WANDB_MODE=offline in the environment also forces offline)
+    wandb_project: str = "titanloop"
+    wandb_entity: str | None = None
+    run_name: str | None = None
+    # count each step's collectives (CommDebugMode) and log them as comm/<kind>; with float8.recipe also the float8
+    # weight casts (comm/float8_weight_cast, eager mode only)
+    count_comms: bool = False
+    # Step-time breakdown on log steps (titanloop.train.step_timer): data wait, forward + objective, backward,
+    # loss all-reduce, optimizer; a barrier ends each phase on log steps only, so waiting for other ranks is its
+    # own row and the slowest rank can be named. false: no barriers, no breakdown.
+    breakdown: bool = True
+    straggler_warn: float = 0.0  # warn when a rank's busy time is this many times the median rank's (0 = never)
+
+    def validate(self):
+        require(self.log_freq >= 1, "metrics.log_freq", self.log_freq, "an integer >= 1")
+        require_choice(self.wandb, "metrics.wandb", WANDB_MODES)
+        require(
+            self.straggler_warn == 0 or self.straggler_warn > 1,
+            "metrics.straggler_warn",
+            self.straggler_warn,
+            "0 (off) or a ratio > 1, e.g. 1.5 (warn when a rank is 1.5x slower than the median)",
+        )
 
 
 def git_commit(repo: str | os.PathLike = Path(__file__).resolve().parents[2]) -> dict:

@@ -17,11 +17,34 @@ out-of-memory snapshot show how memory got there. On CPU the memory snapshot is 
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from titanloop.config_errors import require
 from titanloop.train.callbacks import Callback, StepResult
+
+
+@dataclass
+class ProfilingSection:
+    """torch.profiler traces and CUDA memory snapshots for a window of steps (titanloop.train.profiling)."""
+
+    enable: bool = False
+    start_step: int = 10  # first profiled step
+    steps: int = 2  # steps in the window
+    memory_snapshot: bool = True  # CUDA only: record allocator history over the window, dump a pickle (+ on OOM)
+    memory_snapshot_entries: int = 100000  # allocator events kept
+
+    def validate(self):
+        require(self.start_step >= 1, "profiling.start_step", self.start_step, "an integer >= 1")
+        require(self.steps >= 1, "profiling.steps", self.steps, "an integer >= 1")
+        require(
+            self.memory_snapshot_entries >= 1,
+            "profiling.memory_snapshot_entries",
+            self.memory_snapshot_entries,
+            "an integer >= 1",
+        )
 
 
 class CudaMemory:

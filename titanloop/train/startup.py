@@ -30,12 +30,13 @@ from torchtitan.tools import utils as tt_utils
 
 from titanloop.checkpoint import Checkpointer, layout
 from titanloop.data import PackedLoader, build_dataloader
-from titanloop.family import family_of, trained_depth
+from titanloop.family import trained_depth
 from titanloop.objectives import LoopSampler
-from titanloop.train.config import TrainConfig, mesh_degrees
+from titanloop.train.config import TrainConfig
 from titanloop.train.cpu_shim import use_cpu_if_no_gpu
 from titanloop.recipe import stages
 from titanloop.train.engines import Engine, build_engine
+from titanloop.train.engines.config import mesh_degrees
 from titanloop.train.fault_injection import with_fault_injection
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -107,7 +108,7 @@ def init_mesh(cfg: TrainConfig, comm: CommConfig | None = None) -> Mesh:
     device = tt_utils.get_local_device()
     tt_utils.device_module.set_device(device)
     world_size = dist_utils.init_distributed(comm or default_comm(), base_folder=cfg.training.run_dir)
-    dp, tp = mesh_degrees(cfg, world_size)
+    dp, tp = mesh_degrees(cfg.parallelism, world_size)
     dims = ParallelDims(
         dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=1, ep=1, world_size=world_size, spmd_backend="partial_dtensor"
     )
@@ -149,7 +150,7 @@ def build_model(cfg: TrainConfig, load_weights: bool = True) -> nn.Module:
     # restore them, and a resumed run then matches an uninterrupted one in every saved state.
     random.seed(cfg.training.seed)
     np.random.seed(cfg.training.seed)
-    model = family_of(cfg).build(cfg, load_weights)
+    model = cfg.family.build(load_weights)
     if cfg.objective.name == "stage2_gate":
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("early_exit_gate."))
@@ -164,7 +165,7 @@ def build_stage_engine(cfg: TrainConfig, model: nn.Module, mesh: Mesh, dtype: to
     def previous_stage_weights(module: nn.Module) -> None:
         stages.load_stage_weights(module, cfg.stage, stages.previous_stage_state(cfg.stage, module))
 
-    engine = build_engine(cfg, model, mesh, dtype, previous_stage_weights if stage_init else None)
+    engine = build_engine(cfg.engine_settings(), model, mesh, dtype, previous_stage_weights if stage_init else None)
     if stage_init and stages.keeps_optimizer(cfg.stage, cfg.objective.name):
         stages.load_previous_stage_optimizer(cfg.stage, engine.optimizer_state(), engine.lr_schedulers)
     return engine
@@ -196,7 +197,7 @@ def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoade
         states,
         config=cfg.to_dict(),
         stage=cfg.stage.name or os.environ.get("TITANLOOP_STAGE"),
-        trained_depth=trained_depth(cfg),
+        trained_depth=trained_depth(cfg.loop_sampler),
     )
 
 

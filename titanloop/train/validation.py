@@ -24,6 +24,7 @@ raw states) and one [chunk, vocab] logits chunk, far below a training step's sav
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 import itertools
 import math
 import random
@@ -39,17 +40,74 @@ from titanloop.eval.stats import LoopStats, _head_stats
 from titanloop.objectives import IGNORE_INDEX
 from titanloop.parallel import gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
-from titanloop.train.config import TrainConfig, validation_loops
-from titanloop.data.synthetic_tasks import build_task, eval_batches
+from titanloop.config_errors import ConfigError, require
 from titanloop.data import build_dataloader
+from titanloop.data.config import DataConfig
+from titanloop.data.synthetic_tasks import build_task, eval_batches
 
 
-def batch_size(cfg: TrainConfig) -> int:
+@dataclass
+class ValidationSection:
+    """Held-out evaluation during training (titanloop.train.validation); off unless enable = true."""
+
+    enable: bool = False
+    freq: int = 1000  # steps between validations (also at the last step)
+    steps: int = 4  # batches per data-parallel rank
+    batch_size: int = 0  # rows per batch per data-parallel rank (0 = training.micro_batch_size)
+    loops: list = field(default_factory=list)  # loop counts T to score ([] = 1..T_train and 2 x T_train)
+    q: list = field(default_factory=lambda: [0.5, 0.8, 0.9])  # Q-exit thresholds (ouro §3.2) over T_train loops
+    # The held-out set: a titanloop.data DataConfig table ([validation.data]). {} = derived from [data]: a
+    # synthetic task's held-out split (split = "eval"), or synthetic text with seed + 1; shard sets need their own.
+    data: dict = field(default_factory=dict)
+    held_out: DataConfig | None = field(init=False, repr=False, default=None)  # `data` resolved (and checked)
+
+    def validate(self, train_data: DataConfig):
+        require(self.freq >= 1, "validation.freq", self.freq, "an integer >= 1 (steps between validations)")
+        require(self.steps >= 1, "validation.steps", self.steps, "an integer >= 1 (batches per data-parallel rank)")
+        require(
+            self.batch_size >= 0,
+            "validation.batch_size",
+            self.batch_size,
+            "an integer >= 1, or 0 for training.micro_batch_size",
+        )
+        for t in self.loops:
+            require(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 1,
+                "validation.loops",
+                t,
+                "integers >= 1 (loop counts T)",
+            )
+        for q in self.q:
+            require(isinstance(q, (int, float)) and 0 <= q <= 1, "validation.q", q, "thresholds in [0, 1]")
+        if self.data:
+            self.held_out = DataConfig.from_dict(self.data)
+        elif train_data.kind == "synthetic_task":
+            self.held_out = dataclasses.replace(train_data, split="eval", trace_samples=None)
+        elif train_data.kind == "synthetic_text":
+            self.held_out = dataclasses.replace(train_data, seed=train_data.seed + 1, trace_samples=None)
+        elif self.enable:
+            raise ConfigError(
+                f"validation.data is empty with data.kind={train_data.kind!r}: give the held-out shard "
+                "sets as [validation.data] kind = ..., sources = [{path = ...}]"
+            )
+
+    def loop_counts(self, t_train: int, m) -> list[int]:
+        """The loop counts validation scores: `loops`, or 1..T_train and 2 x T_train (T_train: the loop sampler's
+        n_loops, the depth titanloop.eval treats as trained; capped at the model's max_loops with per_loop_norm).
+        m: the model's LoopLMConfig-shaped view."""
+        loops = self.loops or [*range(1, t_train + 1), 2 * t_train]
+        if m.per_loop_norm and not self.loops:
+            loops = [t for t in loops if t <= m.max_loops]
+        return sorted(set(loops))
+
+
+def batch_size(cfg) -> int:
     return cfg.validation.batch_size or cfg.training.micro_batch_size
 
 
-def held_out_batches(cfg: TrainConfig, dp_rank: int, dp_world: int) -> list[dict]:
-    """This data-parallel rank's held-out batches (CPU tensors), the same at every validation."""
+def held_out_batches(cfg, dp_rank: int, dp_world: int) -> list[dict]:
+    """This data-parallel rank's held-out batches (CPU tensors), the same at every validation (cfg: the run's
+    TrainConfig)."""
     v, d, b = cfg.validation, cfg.validation.held_out, batch_size(cfg)
     if d.kind == "synthetic_task" and d.split == "eval":
         options = {k: val for k, val in d.task_options.items() if k != "train_size"}
@@ -165,7 +223,8 @@ def validate(run, batches: list[dict]) -> dict:
     """One validation over every rank's held-out batches -> {"val/...": value} (the same on every rank)."""
     cfg, mesh = run.cfg, run.mesh
     start = time.perf_counter()
-    loops, qs, t_train = validation_loops(cfg), [float(q) for q in cfg.validation.q], cfg.looplm.n_loops
+    t_train = cfg.loop_sampler.n_loops  # T's one home
+    loops, qs = cfg.validation.loop_counts(t_train, cfg.looplm), [float(q) for q in cfg.validation.q]
     with _SavedRNG():
         try:
             stats = rank_stats(run, batches, max(max(loops), t_train))

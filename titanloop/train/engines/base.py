@@ -18,13 +18,13 @@
 
 Two engines implement it: `FSDP2Engine` (titanloop.train.engines.fsdp2) and `DeepSpeedEngine`
 (titanloop.train.engines.deepspeed, `parallelism.engine = "deepspeed"`, docs/engines.md). This module holds what
-both build alike: weight initialization, the AdamW hyper-parameters and the LR schedule. `build_engine`
-(titanloop.train.engines) picks one; startup loads a previous stage into it once, whichever it is.
+both build alike: weight initialization and the LR schedule (the AdamW hyper-parameters: OptimizerSection.kwargs).
+`build_engine` (titanloop.train.engines) picks one; startup loads a previous stage into it once, whichever it is.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -32,9 +32,7 @@ from torchtitan.components.optimizer import OptimizersContainer
 
 from titanloop.model.init import materialize
 from titanloop.recipe.schedules import StagedLRSchedulers
-
-if TYPE_CHECKING:  # annotations only: the config module imports the engines' config checks
-    from titanloop.train.config import TrainConfig
+from titanloop.train.engines.config import LRSchedulerSection
 
 
 class Engine(Protocol):
@@ -66,14 +64,8 @@ def init_weights(model: nn.Module, device, load_weights: Callable[[nn.Module], N
         load_weights(model)
 
 
-def optimizer_kwargs(cfg: "TrainConfig") -> dict:
-    """The AdamW hyper-parameters (both engines)."""
-    o = cfg.optimizer
-    return {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
-
-
-def build_lr_schedulers(cfg: "TrainConfig", optimizers: OptimizersContainer) -> StagedLRSchedulers:
-    s = cfg.lr_scheduler
+def build_lr_schedulers(s: LRSchedulerSection, steps: int, optimizers: OptimizersContainer) -> StagedLRSchedulers:
+    """titanloop's warmup-stable-decay schedule over `steps` optimizer steps (both engines)."""
     config = StagedLRSchedulers.Config(
         allow_schedule_change=s.allow_schedule_change,
         warmup_steps=s.warmup_steps,
@@ -81,4 +73,4 @@ def build_lr_schedulers(cfg: "TrainConfig", optimizers: OptimizersContainer) -> 
         decay_type=s.decay_type,
         min_lr_factor=s.min_lr_factor,
     )
-    return config.build(optimizers=optimizers, training_steps=cfg.training.steps)
+    return config.build(optimizers=optimizers, training_steps=steps)

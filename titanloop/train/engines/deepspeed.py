@@ -39,12 +39,10 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from titanloop.config_errors import ConfigError, require, require_choice
+from titanloop.config_errors import ConfigError
 from titanloop.parallel.activation_checkpoint import apply_activation_checkpointing
-from titanloop.train.engines.base import build_lr_schedulers, init_weights, optimizer_kwargs
-
-STAGES = (2, 3)
-OFFLOADS = ("none", "optimizer", "optimizer+params")
+from titanloop.train.engines.base import build_lr_schedulers, init_weights
+from titanloop.train.engines.config import EngineSettings, check_zero_settings
 
 
 class _Step(nn.Module):
@@ -56,19 +54,6 @@ class _Step(nn.Module):
 
     def forward(self, fn: Callable, *args):
         return fn(self.model, *args)
-
-
-def check_zero_settings(zero_stage: int, offload: str) -> None:
-    """One-line ConfigError for a ZeRO stage / offload combination the engine does not run."""
-    require_choice(zero_stage, "parallelism.zero_stage", STAGES)
-    require_choice(offload, "parallelism.zero_offload", OFFLOADS)
-    require(
-        not (offload == "optimizer+params" and zero_stage != 3),
-        "parallelism.zero_offload",
-        offload,
-        "'none' or 'optimizer' with zero_stage=2 (parameters are partitioned, hence offloadable, only with "
-        "parallelism.zero_stage=3)",
-    )
 
 
 def deepspeed_config(
@@ -350,24 +335,28 @@ class DeepSpeedOptimizerState:
 
 
 def build_deepspeed_engine(
-    cfg, model: nn.Module, device, param_dtype: torch.dtype, load_weights: Callable[[nn.Module], None] | None = None
+    e: EngineSettings,
+    model: nn.Module,
+    device,
+    param_dtype: torch.dtype,
+    load_weights: Callable[[nn.Module], None] | None = None,
 ) -> "DeepSpeedEngine":
     """The DeepSpeed counterpart of titanloop.train.engines.fsdp2.build_fsdp2_engine: activation checkpointing,
     the full model from the seed (then `load_weights`, e.g. a previous stage's), the same AdamW and LR schedule as
     FSDP2, deepspeed.initialize."""
-    p = cfg.parallelism
+    p = e.parallelism
     apply_activation_checkpointing(model, p.activation_checkpoint)
     init_weights(model, device, load_weights)  # the full (unsharded) model from the seed, as FSDP2's shards
     model.train()
-    optimizer = getattr(torch.optim, cfg.optimizer.name)(model.parameters(), **optimizer_kwargs(cfg), foreach=True)
+    optimizer = getattr(torch.optim, e.optimizer.name)(model.parameters(), **e.optimizer.kwargs(), foreach=True)
     engine = DeepSpeedEngine(
         model,
         optimizer,
         zero_stage=p.zero_stage,
         offload=p.zero_offload,
-        micro_batch_size=cfg.training.micro_batch_size,
-        max_norm=cfg.training.max_norm,
+        micro_batch_size=e.micro_batch_size,
+        max_norm=e.max_norm,
         bf16=param_dtype == torch.bfloat16,
     )
-    engine.lr_schedulers = build_lr_schedulers(cfg, [optimizer])
+    engine.lr_schedulers = build_lr_schedulers(e.lr_scheduler, e.steps, [optimizer])
     return engine

@@ -5,7 +5,7 @@ containers. It implements the engine seam of titanloop.train.engines.base.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -17,10 +17,8 @@ from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gr
 from titanloop.parallel.float8 import precompute_scales, uses_float8_all_gather
 from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
 from titanloop.recipe.schedules import StagedLRSchedulers
-from titanloop.train.engines.base import build_lr_schedulers, init_weights, optimizer_kwargs
-
-if TYPE_CHECKING:  # annotations only: the config module imports the engines' config checks
-    from titanloop.train.config import TrainConfig
+from titanloop.train.engines.base import build_lr_schedulers, init_weights
+from titanloop.train.engines.config import EngineSettings, OptimizerSection
 
 
 class FSDP2Engine:
@@ -30,7 +28,7 @@ class FSDP2Engine:
         self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
         self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
         self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
-        self.float8_all_gather = uses_float8_all_gather(model)  # training.float8 = "tensorwise"
+        self.float8_all_gather = uses_float8_all_gather(model)  # float8.recipe = "tensorwise"
 
     def forward(self, fn: Callable[[nn.Module], Any]) -> Any:
         return fn(self.model)
@@ -79,11 +77,11 @@ class FSDP2Engine:
 
 
 def parallelize(
-    cfg: "TrainConfig", model: nn.Module, mesh, param_dtype: torch.dtype, device_type: str | None = None
+    e: EngineSettings, model: nn.Module, mesh, param_dtype: torch.dtype, device_type: str | None = None
 ) -> nn.Module:
     """float8 -> TP -> AC -> compile -> FSDP2 (titanloop.parallel), in train mode; a meta-device model stays on meta.
     device_type (default: the mesh's): float8 is emulated without a GPU; the dry run plans as on "cuda"."""
-    p = cfg.parallelism
+    p = e.parallelism
     model = parallelize_looplm(
         model,
         parallel_dims=mesh.dims,
@@ -96,19 +94,17 @@ def parallelize(
         reduce_dtype=torch.float32,
         reshard_looped=p.reshard_looped,
         # JSRR's forward-mode AD runs per-document SDPA (math), outside the graph
-        compile_fullgraph=False if cfg.objective.jsrr_weight > 0 else None,
-        float8=cfg.training.float8,
+        compile_fullgraph=False if e.forward_ad else None,
+        float8=e.float8.recipe,
         float8_emulate=(device_type or mesh.device_type) != "cuda",
     )
     model.train()
     return model
 
 
-def build_optimizer(cfg: "TrainConfig", model: nn.Module, tp: int) -> OptimizersContainer:
+def build_optimizer(o: OptimizerSection, model: nn.Module, tp: int) -> OptimizersContainer:
     config = OptimizersContainer.Config(
-        param_groups=[
-            ParamGroupConfig(pattern=".*", optimizer_name=cfg.optimizer.name, optimizer_kwargs=optimizer_kwargs(cfg))
-        ],
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=o.name, optimizer_kwargs=o.kwargs())],
         # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
         implementation="for-loop" if tp > 1 else "foreach",
     )
@@ -116,7 +112,7 @@ def build_optimizer(cfg: "TrainConfig", model: nn.Module, tp: int) -> Optimizers
 
 
 def build_fsdp2_engine(
-    cfg: "TrainConfig",
+    e: EngineSettings,
     model: nn.Module,
     mesh,
     param_dtype: torch.dtype,
@@ -124,7 +120,8 @@ def build_fsdp2_engine(
 ) -> FSDP2Engine:
     """Parallelize the (meta) model, materialize its shards (then `load_weights`, e.g. a previous stage's), build
     its optimizer and LR schedule."""
-    model = parallelize(cfg, model, mesh, param_dtype)
+    model = parallelize(e, model, mesh, param_dtype)
     init_weights(model, mesh.device, load_weights)
-    optimizers = build_optimizer(cfg, model, mesh.dims.tp)
-    return FSDP2Engine(model, optimizers, build_lr_schedulers(cfg, optimizers), mixed_meshes=mesh.dims.tp > 1)
+    optimizers = build_optimizer(e.optimizer, model, mesh.dims.tp)
+    lr_schedulers = build_lr_schedulers(e.lr_scheduler, e.steps, optimizers)
+    return FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)
