@@ -15,7 +15,8 @@ commit or in the working tree, cut into units:
 The fingerprint is the multiset of the unit hashes. Moving a function or class to another measured file, reordering
 definitions, rewording a docstring or a comment, reformatting, changing which module an import comes from, or
 adding a plain new definition (a function, class, method or constant under a name the measured code did not have:
-nothing runs it until a changed unit names it) leaves a result fresh. Changing any statement of a unit (a
+nothing runs it until a changed unit names it), or removing one that no measured code names any more (e.g. moved
+out to a tool the benchmark does not run) leaves a result fresh. Changing any statement of a unit (a
 constant, a call, a default, a branch), removing or renaming a unit, adding any other statement (a module-level
 call, a definition that shadows an existing name or is registered by a decorator), or changing a config value
 or a script line makes it stale. What it cannot see: an import that now names a different object of the same
@@ -104,6 +105,24 @@ def python_units(path: str, text: str) -> list[Unit]:
     return units
 
 
+def referenced_names(text: str) -> set[str]:
+    """Every identifier a Python file names (variables, attributes, imported names): what could call a definition."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            names.add(n.attr)
+        elif isinstance(n, ast.alias):
+            names.add((n.asname or n.name).split(".")[-1])
+            names.add(n.name.split(".")[-1])
+    return names
+
+
 def file_units(path: str, data: bytes) -> list[Unit]:
     """The units of one measured file (see the module docstring)."""
     if path.endswith(".py"):
@@ -141,6 +160,7 @@ class Fingerprinter:
     def __init__(self, repo: Path):
         self.repo = Path(repo)
         self._by_blob: dict[str, list[Unit]] = {}
+        self._names: dict[str, set[str]] = {}
         self._trees: dict[str | None, dict[str, str]] = {}
 
     def _git(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
@@ -168,38 +188,55 @@ class Fingerprinter:
         self._trees[commit] = tree
         return tree
 
-    def _units(self, path: str, key: str) -> list[Unit]:
+    def _read(self, path: str, key: str) -> tuple[str, bytes | None]:
+        """(cache key, bytes or None when cached) of one file at a commit (blob key) or in the working tree."""
         if key.startswith("file:"):
             data = (self.repo / path).read_bytes()
-            key = _sha(b"blob\0" + path.encode() + b"\0" + data)
-            if key not in self._by_blob:
-                self._by_blob[key] = file_units(path, data)
-            return self._by_blob[key]
+            return _sha(b"blob\0" + path.encode() + b"\0" + data), data
         cache = f"{key}:{path}"
+        return cache, (None if cache in self._by_blob else self._git("cat-file", "blob", key).stdout)
+
+    def _units(self, path: str, key: str) -> list[Unit]:
+        cache, data = self._read(path, key)
         if cache not in self._by_blob:
-            data = self._git("cat-file", "blob", key).stdout
             self._by_blob[cache] = file_units(path, data)
+            self._names[cache] = referenced_names(data.decode("utf-8", "replace")) if path.endswith(".py") else set()
         return self._by_blob[cache]
 
     def units(self, commit: str | None, specs: list[str]) -> Counter:
-        """Counter of (label, hash) over the files `specs` selects at `commit` (None: the working tree)."""
+        """Counter of units over the files `specs` selects at `commit` (None: the working tree)."""
         out: Counter = Counter()
         for path, key in sorted(self._tree(commit).items()):
             if matches(path, specs):
                 out.update(self._units(path, key))
         return out
 
+    def names(self, commit: str | None, specs: list[str]) -> set[str]:
+        """The identifiers named anywhere in the selected Python files at `commit` (after `units` read them)."""
+        out: set[str] = set()
+        for path, key in self._tree(commit).items():
+            if matches(path, specs) and path.endswith(".py"):
+                self._units(path, key)
+                out |= self._names[self._read(path, key)[0]]
+        return out
+
     def changed(self, commit: str, specs: list[str]) -> list[str]:
         """Labels of the units that make the working tree differ from `commit` ([]: the same behaviour). Units whose
         hash is on both sides (moved, reformatted, re-documented) do not count, and neither does a plain new
-        definition under a name the measured code did not have (nothing can call it unless another, changed, unit
-        names it). LookupError when git does not know `commit`."""
+        definition under a name the measured code did not have, nor a plain definition removed (or moved out of
+        the measured paths) that no measured code names any more: nothing can run either. LookupError when git
+        does not know `commit`."""
         old, new = self.units(commit, specs), self.units(None, specs)
         old_hashes = Counter(h for (_, h, _), n in old.items() for _ in range(n))
         new_hashes = Counter(h for (_, h, _), n in new.items() for _ in range(n))
         removed, added = old_hashes - new_hashes, new_hashes - old_hashes
         old_names = {_name(label) for label, _, _ in old}
-        labels = {label for label, h, _ in old if h in removed}
+        named_now = self.names(None, specs) if removed else set()
+        labels = {
+            label
+            for label, h, plain in old
+            if h in removed and not (plain and _name(label).split(".")[-1] not in named_now)
+        }
         labels |= {label for label, h, plain in new if h in added and not (plain and _name(label) not in old_names)}
         return sorted(labels)
 

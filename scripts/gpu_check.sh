@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fast-path acceptance check on a CUDA machine (titanloop/gpu_check.py): a PASS/FAIL table and
+# The fast-path acceptance check on a CUDA machine (scripts/gpu_check.py): a PASS/FAIL table and
 # benchmarks/results/gpu_check.json; exit 0 only if every check passes. Without CUDA: one line, exit 1.
 #
 #   bash scripts/gpu_check.sh [gpu_check options]            # the project's .venv, as demo.sh and test.sh use
@@ -9,7 +9,7 @@
 # With the .venv (TITANLOOP_VENV overrides its location) it runs scripts/setup.sh first and, on a CUDA machine,
 # tries the GPU extra (flash-attn) once per venv; flash-attn is optional, and without a prebuilt wheel for this
 # torch/CUDA its source build is given up after TITANLOOP_FLASH_ATTN_TIMEOUT seconds (default 300).
-# `--no-gpu-extras` skips that. Other options go to `python -m titanloop.gpu_check` (--help lists them).
+# `--no-gpu-extras` skips that. Other options go to `python scripts/gpu_check.py` (--help lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -52,4 +52,4 @@ else
     touch "$tried"
   fi
 fi
-exec "$PY" -m titanloop.gpu_check "${ARGS[@]}"
+exec "$PY" scripts/gpu_check.py "${ARGS[@]}"

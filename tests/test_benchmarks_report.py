@@ -137,13 +137,23 @@ def test_staleness_ignores_moves_comments_and_formatting_but_not_behaviour(tmp_p
         "class C:\n    lr: float = 3e-4\n\n    def extra(self):\n        return 1\n"
     )
     assert staleness("x", data, tmp_path, measures) == (False, "no measured code changed since")
+    # a plain definition removed (or moved out of the measured paths) that no measured code names: still fresh
+    (pkg / "b.py").write_text("def g():\n    return 2\n")
+    (pkg / "a.py").write_text("import math\n\n\ndef f(x):\n    return math.sqrt(x) + 1\n")
+    assert staleness("x", data, tmp_path, measures) == (False, "no measured code changed since")
+    # ... but one that measured code still names (now imported from elsewhere) counts
+    (pkg / "a.py").write_text("import math\nfrom outside import C\n\n\ndef f(x):\n    return math.sqrt(x) + 1\n")
+    stale, why = staleness("x", data, tmp_path, measures)
+    assert stale and why.endswith(".py:C"), why  # (the label of the removed side: where C sat at the commit)
+    (pkg / "a.py").write_text("import math\n\n\ndef f(x):\n    return math.sqrt(x) + 1\n")
     g_and_c = "def g():\n    return 2\n\n\nclass C:\n    lr: float = 3e-4\n"
     for path, text, label in [
         ("b.py", "def g():\n    return 2\n\n\nclass C:\n    lr: float = 1e-3\n", "pkg/b.py:C.lr"),  # a default
         ("b.py", g_and_c + "\n\ndef g():\n    return 5\n", "pkg/b.py:g"),  # a new definition shadowing g
         ("b.py", g_and_c + "\n\n@register\ndef plugin():\n    return 1\n", "pkg/b.py:plugin"),  # registers itself
         ("b.py", g_and_c + "\nsetup()\n", "pkg/b.py:expr"),  # a module-level call
-        ("b.py", "def g2():\n    return 2\n\n\nclass C:\n    lr: float = 3e-4\n", "pkg/b.py:g"),  # a rename
+        # a rename: fresh while nothing calls it, stale once a caller does (the caller changed)
+        ("a.py", "import math\n\n\ndef f(x):\n    return math.sqrt(x) + g2()\n", "pkg/a.py:f"),
         ("a.py", "def f(x):\n    return x + 1\n", "pkg/a.py:f"),  # a statement
         ("run.toml", "[training]\nsteps = 11\n", "pkg/run.toml"),  # a config value
         ("run.sh", "#!/bin/bash\n#SBATCH --nodes=4\necho hi\n", "pkg/run.sh"),  # a Slurm directive

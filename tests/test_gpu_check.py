@@ -1,11 +1,13 @@
-"""titanloop.gpu_check without a GPU: the script's interpreter choice and no-CUDA exit, model choice by free
-memory, the throughput/MFU arithmetic, the training commands (float8 included), the PASS/FAIL rules, the result
-json and its BENCHMARKS.md section, and every numerical check run on CPU tensors, each next to the broken
-variant it must catch (zeroed or unmasked attention in the bf16 path, a readout that loses loops' gradients, a
-compiled layer with a graph break or recompiles)."""
+"""scripts/gpu_check.py without a GPU: the script's interpreter choice and no-CUDA exit, model choice by free
+memory, the throughput/MFU arithmetic, the training commands (float8 included), the PASS/FAIL rules (float8,
+memory plan, learning, preemption), the plans written ahead, the result json and its BENCHMARKS.md section, and
+every numerical check of titanloop.checks.numerics run on CPU tensors, each next to the broken variant it must
+catch (zeroed or unmasked attention in the bf16 path, a readout that loses loops' gradients, fused or not, a
+compiled layer with a graph break or recompiles), and the kernel recorder inside a compiled training run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,12 +19,15 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import report
-from titanloop import gpu_check as gc
+from titanloop.checks import numerics as nx
 from titanloop.model import attention as attn
 from titanloop.model import looplm, preset
 from titanloop.objectives import per_loop_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gpu_check_script", ROOT / "scripts" / "gpu_check.py")
+gc = sys.modules["gpu_check_script"] = importlib.util.module_from_spec(_spec)  # (dataclasses look it up there)
+_spec.loader.exec_module(gc)
 NO_CUDA = pytest.mark.skipif(
     torch.cuda.is_available(), reason="this machine has CUDA: the no-CUDA path cannot be shown"
 )
@@ -118,8 +123,11 @@ def test_training_commands_and_the_float8_flag(tmp_path):
     cmd = gc.torchrun_command("/py", 8, bf16)
     assert cmd[:6] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "-m"]
     assert cmd[6:9] == ["titanloop.train", "--config", str(gc.TRAIN_CONFIG)] and cmd[9:] == bf16
-    rec = gc.torchrun_command("/py", 1, bf16, ["-m", "titanloop.gpu_check", "--record-kernels", "k.json"])
-    assert rec[5:10] == ["-m", "titanloop.gpu_check", "--record-kernels", "k.json", "--config"]
+    rec = gc.torchrun_command("/py", 1, bf16, [str(gc.SCRIPT), "--record-kernels", "k.json"])
+    assert rec[5:9] == [str(gc.SCRIPT), "--record-kernels", "k.json", "--config"]
+    assert bf16[bf16.index("--data.motif_vocab") + 1] == str(gc.MOTIF_VOCAB)  # a task learned within the run
+    two = gc.train_args(tmp_path, "ouro-1.4b", {}, 4, 4096, 8, steps=30, micro_batch=2)
+    assert two[two.index("--training.global_batch_size") + 1] == "16" and two[two.index("--training.steps") + 1] == "30"
     # the trainer's own config parser accepts every run
     from titanloop.train.config import load_config
 
@@ -127,6 +135,7 @@ def test_training_commands_and_the_float8_flag(tmp_path):
     assert (cfg.looplm.n_layers, cfg.loop_sampler.n_loops, cfg.training.seq_len) == (12, 8, 4096)
     assert cfg.parallelism.compile and cfg.training.doc_masking and cfg.looplm.vocab_size == 49152
     assert cfg.parallelism.activation_checkpoint == "loop"  # T=8 at 4K needs it (107 GB per GPU without)
+    assert cfg.data.motif_vocab == gc.MOTIF_VOCAB
     assert load_config(gc.TRAIN_CONFIG, tw, world_size=8).float8.recipe == "tensorwise"
 
 
@@ -135,11 +144,20 @@ def test_missing_modules():
     assert set(gc.missing_modules("tensorwise")) <= {"torchao"}  # float8 runs also need torchao
 
 
-def test_parse_args():
+def test_parse_args(tmp_path):
     a = gc.parse_args(["--loops", "4,8", "--precisions", "bf16,tensorwise"])
     assert a.loops == [4, 8] and a.precisions == ["bf16", "tensorwise"] and a.out == gc.RESULT_JSON
-    assert gc.parse_args([]).precisions == list(gc.RECIPES)
-    for bad in (["--loops", "4,x"], ["--precisions", "bf16,fp8"], ["--precisions", "tensorwise"]):
+    default = gc.parse_args([])
+    assert default.precisions == list(gc.RECIPES) and default.loops == [4] and not default.learning
+    full = gc.parse_args(["--full", "--steps", "40", "--micro-batch", "2"])
+    assert full.loops == [4, 8] and full.learning and (full.steps, full.micro_batch) == (40, 2)
+    for bad in (
+        ["--loops", "4,x"],
+        ["--precisions", "bf16,fp8"],
+        ["--precisions", "tensorwise"],
+        ["--steps", "0"],
+        ["--plan-json", str(tmp_path / "missing.json")],
+    ):
         with pytest.raises(SystemExit):
             gc.parse_args(bad)
 
@@ -198,7 +216,7 @@ def test_loss_window():
 
 def test_kernel_choice_rules():
     bf16 = ["flash_varlen", "torch.bfloat16", "cuda"]
-    assert gc.kernel_choice_check([bf16] * 48).ok
+    assert gc.kernel_choice_check([bf16] * 48).ok and gc.kernel_choice_check is nx.kernel_choice_check
     assert gc.kernel_choice_check([["varlen", "torch.bfloat16", "cuda"]]).ok  # any fused kernel name
     fp32 = gc.kernel_choice_check([bf16, ["flex", "torch.float32", "cuda"]])  # the fp32 master dtype leaked in
     assert fp32.ok is False and "float32" in fp32.detail
@@ -222,17 +240,9 @@ def _checks_and_runs():
 
 def test_result_json_follows_the_report_schema(tmp_path):
     checks, runs = _checks_and_runs()
-    doc = gc.result_json(
-        checks,
-        runs,
-        device="NVIDIA H100 80GB HBM3",
-        n_gpus=8,
-        torch_version="2.14.1+cu130",
-        commit="abc123",
-        shape="ouro-1.4b",
-        seq_len=4096,
-        date="2026-11-25",
-    )
+    meta = {"device": "NVIDIA H100 80GB HBM3", "n_gpus": 8, "torch": "2.14.1+cu130", "commit": "abc123"}
+    meta.update(shape="ouro-1.4b", seq_len=4096, steps=60, command="python scripts/gpu_check.py")
+    doc = gc.result_json(checks, runs, meta=meta, date="2026-11-25")
     report.validate(Path("gpu_check.json"), doc)  # the generator's own schema check (met vs target included)
     rows = {r["row"]: r for r in doc["summary"]}
     assert rows["gpu_check: checks passed"]["measured"] == "1/1" and rows["gpu_check: checks passed"]["met"]
@@ -247,9 +257,7 @@ def test_result_json_follows_the_report_schema(tmp_path):
     assert doc["result"]["checks"][0]["numbers"] == {"max_abs_err": 3e-3}
     assert doc["tables"][1]["rows"][0][:6] == [4, "bf16", "9,000", "41.0", "30.00", "28.00"]
     assert doc["tables"][1]["rows"][2][-1] == "exit 1"
-    failed = gc.result_json(
-        [gc.Check("x", False, "")], [], device="d", n_gpus=1, torch_version="t", commit="c", shape="s", seq_len=1
-    )
+    failed = gc.result_json([gc.Check("x", False, "")], [], meta={**meta, "n_gpus": 1})
     assert failed["summary"][0]["met"] is False and len(failed["tables"]) == 1
 
 
@@ -261,12 +269,8 @@ def test_benchmarks_md_gpu_section_placeholder_then_json(tmp_path):
     text = report.render(report.load_results(res))
     assert "not yet run on a GPU" in text and "(benchmarks/results/gpu_check.json)" not in text
     checks, runs = _checks_and_runs()
-    gc.write_json(
-        res / "gpu_check.json",
-        gc.result_json(
-            checks, runs, device="NVIDIA H100", n_gpus=1, torch_version="t", commit="c", shape="s", seq_len=4096
-        ),
-    )
+    meta = {"device": "NVIDIA H100", "n_gpus": 1, "torch": "t", "commit": "c", "shape": "s", "seq_len": 4096}
+    gc.write_json(res / "gpu_check.json", gc.result_json(checks, runs, meta={**meta, "steps": 60}))
     text = report.render(report.load_results(res))
     assert "not yet run on a GPU" not in text and "(benchmarks/results/gpu_check.json)" in text
     assert "| gpu_check: checks passed ([gpu_check](#gpu_check)) | 1/1 | all | yes |" in text
@@ -280,15 +284,15 @@ DOCS = torch.tensor([[0] * 100 + [1] * 150 + [2] * 6, [0] * 256])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_attention_checks_pass_on_cpu_bf16(seed):
     for doc_ids in (DOCS, None):
-        c = gc.attention_check("a", "cpu", doc_ids, shape=(2, 256), seed=seed)
+        c = nx.attention_check("a", "cpu", doc_ids, shape=(2, 256), seed=seed)
         print(c.detail)
         assert c.ok, c.detail
         assert c.numbers["max_abs_err"] < c.numbers["tol"] / 4  # measured 7.4e-3 .. 8.0e-3 vs tol ~6e-2
 
 
 def test_attention_checks_catch_a_dropped_mask_and_non_causal_attention():
-    no_docs = gc.attention_check("a", "cpu", DOCS, attention_fn=lambda q, k, v, m: attn.attention(q, k, v, None))
-    non_causal = gc.attention_check(
+    no_docs = nx.attention_check("a", "cpu", DOCS, attention_fn=lambda q, k, v, m: attn.attention(q, k, v, None))
+    non_causal = nx.attention_check(
         "a", "cpu", shape=(2, 256), attention_fn=lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v)
     )
     for c in (no_docs, non_causal):
@@ -297,19 +301,19 @@ def test_attention_checks_catch_a_dropped_mask_and_non_causal_attention():
 
 def test_attention_tolerance_derivation():
     ref, v = torch.tensor([0.5, -2.0]), torch.tensor([[1.0, -4.0]])
-    assert gc.attention_tolerance(ref, v) == 2 * 2**-8 * (2.0 + 4.0)
+    assert nx.attention_tolerance(ref, v) == 2 * 2**-8 * (2.0 + 4.0)
 
 
 @pytest.fixture(scope="module")
 def trained():
     """debug-tiny trained 40 steps in fp32 on the previous-token task (document masking): ~20 s on 2 cores."""
-    return gc.train_fp32(preset("debug-tiny", vocab_size=64), "cpu", 40, 64, 8, 1e-2, 0)
+    return nx.train_fp32(preset("debug-tiny", vocab_size=64), "cpu", 40, 64, 8, 1e-2, 0)
 
 
 def test_bf16_logits_of_a_trained_model(trained):
     _, _, first, last = trained
     assert last < 0.7 * first  # it learned (measured 4.17 -> 2.66 at seed 0; 1.78, 1.29 at seeds 1, 2)
-    c = gc.bf16_logits_verdict(*trained, steps=40)
+    c = nx.bf16_logits_verdict(*trained, steps=40)
     print(c.detail)
     assert c.ok, c.detail  # measured rel err 1.05e-2 vs tol 2.49e-2 (seed 0; seeds 1, 2: 8.2e-3/1.9e-2, 7.4e-3/1.7e-2)
 
@@ -325,19 +329,19 @@ def test_bf16_logits_catch_a_broken_bf16_attention(trained, monkeypatch, broken)
         return torch.zeros_like(q) if broken == "zero attention" else inner(q, k, v, None, *args)
 
     monkeypatch.setattr(looplm, "attention", bad)
-    c = gc.bf16_logits_verdict(*trained, steps=40)
+    c = nx.bf16_logits_verdict(*trained, steps=40)
     print(c.detail)
     assert c.ok is False and c.numbers["rel_err_bf16"] > 5 * c.numbers["tol"], c.detail
 
 
 def test_bf16_logits_untrained_is_not_judged():
-    model, b, _, _ = gc.train_fp32(preset("debug-tiny", vocab_size=64), "cpu", 1, 64, 8, 1e-2, 0)
-    c = gc.bf16_logits_verdict(model, b, 4.2, 4.1, steps=1)
+    model, b, _, _ = nx.train_fp32(preset("debug-tiny", vocab_size=64), "cpu", 1, 64, 8, 1e-2, 0)
+    c = nx.bf16_logits_verdict(model, b, 4.2, 4.1, steps=1)
     assert c.ok is False and c.detail.startswith("not judgeable")
 
 
 def test_previous_token_batch():
-    b = gc.previous_token_batch(64, 2, 32, 4, seed=0)
+    b = nx.previous_token_batch(64, 2, 32, 4, seed=0)
     starts = torch.ones_like(b["doc_ids"], dtype=torch.bool)
     starts[:, 1:] = b["doc_ids"][:, 1:] != b["doc_ids"][:, :-1]
     assert int(starts.sum()) == 8  # 4 documents per row
@@ -349,7 +353,7 @@ READOUT = dict(n_loops=4, batch=2, seq_len=128, hidden=64, vocab=512)
 
 
 def test_readout_matches_full_logits():
-    c = gc.readout_check("cpu", **READOUT)
+    c = nx.readout_check("cpu", **READOUT)
     print(c.detail)
     assert c.ok, c.detail
 
@@ -376,9 +380,31 @@ def _ignores_nothing(rs, w, tg):
 
 @pytest.mark.parametrize("fn", [_last_loop_grad_only, _head_grad_from_last_loop, _bf16_log_softmax, _ignores_nothing])
 def test_readout_catches_broken_readouts(fn):
-    c = gc.readout_check("cpu", readout_fn=fn, **READOUT)
+    c = nx.readout_check("cpu", readout_fn=fn, **READOUT)
     print(fn.__name__, c.detail)
     assert c.ok is False, c.detail
+
+
+def test_fused_readout_matches_full_logits():
+    c = nx.readout_check("cpu", fused=True, **READOUT)
+    print(c.detail)
+    assert c.ok and c.name == "readout fused", c.detail
+
+
+def test_fused_readout_check_catches_a_broken_fused_path(monkeypatch):
+    fused = nx.fused_per_loop_cross_entropy
+
+    def head_detached(rs, w, tg, lw, *args):  # the LM head gets no gradient
+        return fused(rs, w.detach(), tg, lw, *args)
+
+    def last_loop_only(rs, w, tg, lw, *args):  # the earlier loops' readouts get no gradient
+        rs = list(rs)
+        return fused([r.detach() for r in rs[:-1]] + rs[-1:], w, tg, lw, *args)
+
+    for broken in (head_detached, last_loop_only):
+        monkeypatch.setattr(nx, "fused_per_loop_cross_entropy", broken)
+        c = nx.readout_check("cpu", fused=True, **READOUT)
+        assert c.ok is False, (broken.__name__, c.detail)
 
 
 COMPILE = dict(
@@ -389,13 +415,13 @@ COMPILE = dict(
 def test_compile_check_counts_breaks_and_recompiles(monkeypatch):
     """Plain attention compiles whole; a layer whose attention is `torch.compiler.disable`d (what the document-masked
     kernels are today) breaks the graph; one that guards on a changing Python value recompiles."""
-    plain = gc.compile_check("cpu", doc_masking=False, **COMPILE)
+    plain = nx.compile_check("cpu", doc_masking=False, **COMPILE)
     print(plain.detail)
     assert plain.ok and plain.numbers["graph_breaks"] == 0
 
     inner = looplm.attention
     monkeypatch.setattr(looplm, "attention", torch.compiler.disable(inner))
-    broken = gc.compile_check("cpu", doc_masking=False, **COMPILE)
+    broken = nx.compile_check("cpu", doc_masking=False, **COMPILE)
     assert broken.ok is False and broken.numbers["graph_breaks"] > 0, broken.detail
 
     calls = [0]
@@ -405,7 +431,7 @@ def test_compile_check_counts_breaks_and_recompiles(monkeypatch):
         return inner(q, k, v, mask, *args) * (1.0 + 0.0 * calls[0])
 
     monkeypatch.setattr(looplm, "attention", counting)
-    recompiling = gc.compile_check("cpu", doc_masking=False, **COMPILE)
+    recompiling = nx.compile_check("cpu", doc_masking=False, **COMPILE)
     print(recompiling.detail)
     assert recompiling.ok is False and recompiling.numbers["graphs_last"] > recompiling.numbers["graphs_first"]
 
@@ -413,34 +439,153 @@ def test_compile_check_counts_breaks_and_recompiles(monkeypatch):
 def test_compile_check_with_document_masking_on_cpu():
     """Reported, not asserted either way: whether the CPU document-masked kernel compiles without breaks depends on
     the attention backend of this build (on CUDA gpu_check requires 0)."""
-    c = gc.compile_check("cpu", doc_masking=True, **COMPILE)
+    c = nx.compile_check("cpu", doc_masking=True, **COMPILE)
     print(f"document masking on CPU: {gc.verdict(c)}: {c.detail}")
     assert c.numbers["graphs_first"] >= 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_kernel_recorder_through_the_trainer(tmp_path, dtype):
-    """A 1-step `torchrun -m titanloop.train` under the recorder (what gpu_check runs on CUDA) on CPU: with bf16
-    parameters FSDP2's mixed-precision policy hands attention bf16 tensors (the question gpu_check answers on CUDA),
-    with fp32 ones the recorder sees fp32 (what a master dtype leaking into attention would look like). The verdict
-    is FAIL either way here: the kernel is a CPU one."""
+def _record(tmp_path, dtype: str, compile_: bool, steps: int = 3) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "k.json"
-    args = gc.train_args(tmp_path / "run", "debug-tiny", {}, 3, 64, 1, steps=1) + [
-        "--parallelism.compile",
-        "false",
-        "--training.dtype",
-        dtype,
+    args = gc.train_args(tmp_path / "run", "debug-tiny", {}, 4, 64, 1, steps=steps) + [
+        *("--parallelism.compile", "true" if compile_ else "false", "--training.dtype", dtype),
+        *("--data.motif_vocab", "0"),  # debug-tiny's vocabulary is the task's
     ]
-    cmd = gc.torchrun_command(sys.executable, 1, args, ["-m", "titanloop.gpu_check", "--record-kernels", str(out)])
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmd = gc.torchrun_command(sys.executable, 1, args, [str(gc.SCRIPT), "--record-kernels", str(out)])
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900), out
+
+
+@pytest.mark.slow
+def test_kernel_recorder_in_a_compiled_training_run(tmp_path):
+    """What gpu_check runs on CUDA, on CPU: a compiled `torchrun -m titanloop.train` run (fullgraph layers, per-loop
+    AC, document masking) under the recorder, 3 steps at T = 4 with 2 layers: 24 layer calls per step. The recorder
+    notes each forward's kernel where the mask is built, outside the compiled layers, so nothing in a graph guards
+    on it. (At c79621e it appended to a list inside every compiled attention call: Dynamo guarded on the list's
+    length, recompiled at every call and raised FailOnRecompileLimitHit at the 9th, which this run would hit.)"""
+    proc, out = _record(tmp_path, "bfloat16", compile_=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads(out.read_text())
-    assert len(records) == 3 * 2 * 2  # T=3 loops x 2 looped layers, forward + its per-loop AC recompute
-    assert {(d, device) for _, d, device in records} == {(f"torch.{dtype}", "cpu")}  # what reached attention
-    print("recorded:", sorted({tuple(r) for r in records}))
+    assert len(records) == 3  # one forward per step (1 micro-batch)
+    kernels = {tuple(r) for r in records}
+    print("recorded:", kernels)
+    # FSDP2's mixed precision hands attention bf16 (on CPU, at this size, the dense-mask kernel is the fastest)
+    assert {(d, device) for _, d, device in records} == {("torch.bfloat16", "cpu")} and len(kernels) == 1
     c = gc.kernel_choice_check(records)
     assert c.ok is False and "not fused bf16 CUDA" in c.detail  # a CPU kernel
+
+
+@pytest.mark.slow
+def test_kernel_recorder_sees_the_master_dtype_leak(tmp_path):
+    """With fp32 parameters the recorder sees fp32: what a master dtype leaking into attention looks like."""
+    proc, out = _record(tmp_path, "float32", compile_=False, steps=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {(d, device) for _, d, device in json.loads(out.read_text())} == {("torch.float32", "cpu")}
+
+
+def test_recorder_runs_under_a_compiled_forward():
+    """The recorder itself inside a fullgraph-compiled LoopLM forward (as when the whole loop body compiles):
+    torch.compiler.disable keeps it out of the graph, so 12 forwards record 12 entries and never recompile past the
+    limit (a plain list.append in the graph would guard on the list and recompile every call)."""
+    records: list = []
+    original = looplm.LoopLM.rope_and_mask
+    try:
+        nx.record_kernels(records)
+        torch.manual_seed(0)
+        model = looplm.LoopLM(preset("debug-tiny", vocab_size=64, n_layers=1))
+        compiled = torch.compile(model, backend="eager")
+        x = torch.randint(0, 64, (1, 16))
+        for _ in range(12):
+            compiled(x, 2)
+    finally:
+        looplm.LoopLM.rope_and_mask = original
+    assert len(records) == 12 and {tuple(r) for r in records} == {("sdpa_causal", "torch.float32", "cpu")}
+
+
+def _rows(ce, norms=None):
+    norms = norms or [1.0] * len(ce)
+    return [
+        {"step": i + 1, "ce": [c + 0.1, c], "grad_norm": n, "hidden_rms": [1.0, 2.0]}
+        for i, (c, n) in enumerate(zip(ce, norms))
+    ]
+
+
+def test_learning_verdict():
+    floor = 0.5
+    good = [10.0 - 6.0 * i / 99 for i in range(100)]  # 10 -> 4: 63% of the way to the floor
+    c = gc.learning_check(_rows(good), floor)
+    assert c.ok, c.detail
+    start, end = sum(good[:3]) / 3, sum(good[-10:]) / 10
+    assert c.numbers["progress"] == pytest.approx((start - end) / (start - floor))
+    assert len(c.numbers["curve"]) == 100 and c.numbers["curve"][0][1] == 10.0
+    short = [10.0 - 2.0 * i / 99 for i in range(100)]  # 10 -> 8: 21%
+    assert gc.learning_check(_rows(short), floor).ok is False
+    bumpy = good[:50] + [g + 3.0 for g in good[50:75]] + good[75:]  # the third quarter rises
+    assert gc.learning_check(_rows(bumpy), floor).ok is False
+    spiked = [1.0] * 100
+    spiked[60] = 15.0  # 15x the running median
+    c = gc.learning_check(_rows(good, spiked), floor)
+    assert c.ok is False and c.numbers["spikes"] == [(61, 15.0, 1.0)]
+    spiked[60] = 9.0  # below 10x: not a spike
+    assert gc.learning_check(_rows(good, spiked), floor).ok
+
+
+def test_learning_run_arguments_and_floor(tmp_path):
+    from titanloop.train.config import load_config
+
+    args = gc.learning_args(tmp_path, 1)
+    cfg = load_config(gc.TRAIN_CONFIG, args, world_size=1)
+    assert (cfg.looplm.n_layers, cfg.looplm.hidden_size, cfg.loop_sampler.n_loops) == (24, 2048, 4)
+    assert (cfg.training.steps, cfg.training.micro_batch_size, cfg.optimizer.lr) == (gc.LEARN_STEPS, 2, gc.LEARN_LR)
+    assert cfg.metrics.log_freq == 1 and cfg.data.motif_vocab == gc.MOTIF_VOCAB
+    floor = gc.learning_floor(1024)
+    assert 0.05 < floor < 0.3  # ~4% of the tokens are first occurrences, each >= ln 63 = 4.14 nats
+
+
+def test_preemption_verdict():
+    ref = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 31)]
+    same = [dict(r) for r in ref]
+    c = gc.preemption_verdict(ref, same, same, resumed_from=12)
+    assert c.ok and c.numbers["steps"] == list(range(13, 31)) and "bitwise" in c.detail
+    off = [dict(r, loss=r["loss"] + (1e-7 if r["step"] == 20 else 0.0)) for r in ref]
+    assert gc.preemption_verdict(ref, same, off, 12).ok is False  # the reference repeats bitwise: so must the resume
+    noisy = [dict(r, loss=r["loss"] + 1e-4) for r in ref]  # run-to-run 1e-4 (atomics)
+    assert gc.preemption_verdict(ref, noisy, [dict(r, loss=r["loss"] + 1.5e-4) for r in ref], 12).ok
+    lost_state = [dict(r, loss=r["loss"] + 1e-2) for r in ref]  # e.g. the optimizer moments not restored
+    assert gc.preemption_verdict(ref, noisy, lost_state, 12).ok is False
+    assert gc.preemption_verdict(ref, same, same, 25).ok is False  # 5 steps after the resume are too few
+
+
+def test_plans_written_ahead_are_found_by_their_key(tmp_path):
+    """--write-plans on this CPU machine (no GPU): one plan per training run, keyed as the GPU run looks it up."""
+    out = tmp_path / "plans.json"
+    proc = subprocess.run(
+        [sys.executable, str(gc.SCRIPT), "--write-plans", str(out), "--shape", "debug-small", "--seq-len", "256"]
+        + ["--precisions", "bf16", "--steps", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plans = json.loads(out.read_text())
+    a = gc.parse_args(["--plan-json", str(out), "--seq-len", "256", "--precisions", "bf16", "--steps", "5"])
+    key = gc.plan_key(gc.train_args(tmp_path / "elsewhere", "debug-small", {}, 4, 256, 1, "bf16", 5, 1), 1)
+    assert list(plans) == [key] and a.plan_json == out
+    assert plans[key] == pytest.approx(
+        gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, steps=5), 1)
+    )
+
+
+def test_collective_counting_without_all_gather_single(monkeypatch):
+    """torch 2.11 (the GPU machine's) has no dist.all_gather_single; counting collectives must not need it (the
+    rowwise memory plan crashed there on it)."""
+    import torch.distributed as dist
+
+    from titanloop.parallel.comm_count import count_collective_bytes
+
+    monkeypatch.delattr(dist, "all_gather_single", raising=False)
+    with count_collective_bytes() as counts:
+        torch.ones(2) + 1
+    assert dict(counts) == {} and not hasattr(dist, "all_gather_single")
 
 
 def test_planned_peak_of_the_gpu_check_runs(tmp_path):

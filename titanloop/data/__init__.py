@@ -38,7 +38,7 @@ def build_dataloader(
     must run `loader.grad_accum_at(step)` micro-batches in that step."""
     require(seq_len >= 1, "seq_len", seq_len, "an integer >= 1")
     if cfg.kind == "synthetic_text":
-        sources, weights = [SyntheticTextSource(seq_len, vocab_size, cfg.seed)], [1.0]
+        sources, weights = [SyntheticTextSource(seq_len, vocab_size, cfg.seed, motif_vocab=cfg.motif_vocab)], [1.0]
     elif cfg.kind == "synthetic_task":
         options = dict(cfg.task_options)
         train_size = options.pop("train_size", None)

@@ -53,6 +53,9 @@ class DataConfig:
     cache_mb: int = 512  # memory for fetched blocks and shard indexes, per source (LRU)
     io_retries: int = 5  # retries of a transient s3:// error (exponential backoff from 0.2 s)
 
+    # kind = synthetic_text: motif tokens from ids 1..motif_vocab-1 only (0: the model's whole vocabulary)
+    motif_vocab: int = 0
+
     # kind = synthetic_task
     task: str = "mano"  # mano | addition | xor | multihop
     task_options: dict = field(default_factory=dict)  # passed to the task's own config, e.g. {"max_ops": 10}

@@ -68,9 +68,10 @@ def count_collective_bytes():
 
     counts: Counter = Counter()
     mode = _CollectiveBytes(counts)
-    # FSDP2's all-gather goes through dist.all_gather_single, which may or may not reach the dispatcher as a
-    # c10d op (on the fake backend it does): count it here, once, and let the mode skip what it issues.
-    all_gather_single = dist.all_gather_single
+    # FSDP2's all-gather goes through dist.all_gather_single (torch >= 2.12), which may or may not reach the
+    # dispatcher as a c10d op (on the fake backend it does): count it here, once, and let the mode skip what it
+    # issues. torch 2.11 has no all_gather_single (FSDP2 calls all_gather_into_tensor, which the mode counts).
+    all_gather_single = getattr(dist, "all_gather_single", None)
 
     def counted_all_gather_single(output_tensor, input_tensor, *args, **kwargs):
         counts["all_gather"] += output_tensor.numel() * output_tensor.element_size()
@@ -80,9 +81,11 @@ def count_collective_bytes():
         finally:
             mode.in_all_gather_single = False
 
-    dist.all_gather_single = counted_all_gather_single
+    if all_gather_single is not None:
+        dist.all_gather_single = counted_all_gather_single
     try:
         with mode:
             yield counts
     finally:
-        dist.all_gather_single = all_gather_single
+        if all_gather_single is not None:
+            dist.all_gather_single = all_gather_single
