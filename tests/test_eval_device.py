@@ -1,11 +1,13 @@
 """titanloop.eval on a chosen device (issue 36): loading straight onto the device, per-token statistics without
-per-chunk host copies.
+per-chunk host copies, `--device` / `--dtype` in `python -m titanloop.eval`.
 
 - load_model(path, device, dtype) allocates the model once, on the device, in the dtype, and reads the stored
   tensors into it: tied embeddings stay tied, values are those of the old load-then-cast, and while a checkpoint
   loads the process never holds a second full copy of it in CPU memory (peak anonymous RSS, measured);
 - the statistics are bitwise those of the version that copied every chunk into CPU tensors (its code is kept
-  below as the reference), and one batch runs on the meta device, which refuses any copy to the host.
+  below as the reference), and one batch runs on the meta device, which refuses any copy to the host;
+- the CLI: defaults and what runs where in --help, one-line usage errors (exit status 2) for bad values, and
+  on a machine without CUDA the default run gives exactly the old numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch
 
 from titanloop.checkpoint import CheckpointConfig, Checkpointer
 from titanloop.config_errors import ConfigError
-from titanloop.eval import eval_batches, load_model
+from titanloop.eval import EvalConfig, eval_batches, evaluate, load_model
+from titanloop.eval.generate import GenerationConfig, generate
 from titanloop.eval.stats import LoopStats, _head_stats, batch_stats, collect_loop_stats
 from titanloop.eval.trace import iter_loops
 from titanloop.interchange import export_ouro_hf
@@ -279,3 +282,86 @@ def test_load_model_names_bad_device_and_dtype(tmp_path):
     auto = load_model(tmp_path / "hf", device="auto", dtype="auto")
     expected = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
     assert (auto.embed_tokens.weight.device.type, auto.embed_tokens.weight.dtype) == expected
+
+
+# ----- the CLI ------------------------------------------------------------------------------------------------
+def run_cli(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "titanloop.eval", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_help_says_what_runs_where():
+    for sub in ("sweep", "generate"):
+        r = run_cli(sub, "--help")
+        assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())
+        assert "--device" in text and "--dtype" in text
+        assert "auto (default: cuda when torch.cuda.is_available(), else cpu)" in text
+        assert "auto (default: bfloat16 on cuda, float32 on cpu)" in text
+
+
+@pytest.mark.parametrize(
+    "flag,value,expected",
+    [
+        ("--device", "tpu", "expected auto, cpu, cuda or cuda:N"),
+        ("--device", "cuda:x", "expected auto, cpu, cuda or cuda:N"),
+        ("--dtype", "int8", "expected auto, float32, bfloat16 or float16"),
+    ],
+)
+def test_bad_device_or_dtype_is_a_one_line_usage_error(tmp_path, flag, value, expected):
+    for args in (
+        ["sweep", str(tmp_path / "ckpt"), "--data", "task:mano", "--out", str(tmp_path / "out")],
+        ["generate", str(tmp_path / "ckpt"), "--prompt-ids", "1,2"],
+    ):
+        r = run_cli(*args, flag, value)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert r.stderr == f"error: {flag}={value!r} is invalid: {expected}\n"
+        assert r.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA (the test is for machines without)")
+def test_cuda_without_a_gpu_is_a_one_line_usage_error(tmp_path):
+    r = run_cli("generate", str(tmp_path), "--prompt-ids", "1", "--device", "cuda")
+    assert r.returncode == 2
+    assert r.stderr == (
+        "error: --device='cuda' is invalid here: torch.cuda.is_available() is False on this machine; "
+        "expected auto or cpu\n"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA (the default there is cuda, bfloat16)")
+def test_default_cli_run_on_a_cpu_machine_gives_the_old_numbers(tmp_path, monkeypatch):
+    """Without CUDA, `sweep` and `generate` with no --device/--dtype run on the CPU in float32 and give exactly
+    the numbers of the in-memory model evaluated with the pre-issue-36 statistics (JSON floats round-trip)."""
+    torch.manual_seed(0)
+    model = LoopLM(preset("debug-tiny", vocab_size=64, n_layers=2, n_loops=2)).eval()
+    with torch.no_grad():
+        model.early_exit_gate.weight.normal_(0, 1.0)
+    export_ouro_hf(model, tmp_path / "hf")
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(6, 30, (9,), generator=g).tolist()
+    seqs = [torch.randint(0, 64, (n,), generator=g).tolist() for n in lengths]
+    data = tmp_path / "seqs.jsonl"
+    data.write_text("\n".join(json.dumps(s) for s in seqs))
+    r = run_cli(
+        "sweep", str(tmp_path / "hf"), "--data", str(data), "--out", str(tmp_path / "ev"), "--batch-size", "4",
+        "--chunk-size", "16", "--jsrr-loops", "1,2", "--q", "0,0.5,0.9,1",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "on cpu in float32" in r.stdout
+    cli = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert cli["model"]["device"] == "cpu" and cli["model"]["dtype"] == "float32"
+
+    monkeypatch.setattr("titanloop.eval.sweep.collect_loop_stats", old_collect_loop_stats)
+    cfg = EvalConfig(batch_size=4, chunk_size=16, jsrr_loops=[1, 2], q_thresholds=[0.0, 0.5, 0.9, 1.0])
+    old = json.loads(json.dumps(evaluate(model, seqs, cfg)))  # through JSON like report.json (inf -> Infinity)
+    for key in ("data", "depth_sweep", "exit_frontier", "diagnostics"):
+        assert cli[key] == old[key], key
+
+    r = run_cli("generate", str(tmp_path / "hf"), "--prompt-ids", "5,17,3", "--max-new-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    expected = generate(model, torch.tensor([[5, 17, 3]]), GenerationConfig(max_new_tokens=6)).new_tokens[0].tolist()
+    assert json.loads(r.stdout)["new_tokens"] == expected
