@@ -364,4 +364,5 @@ def test_default_cli_run_on_a_cpu_machine_gives_the_old_numbers(tmp_path, monkey
     r = run_cli("generate", str(tmp_path / "hf"), "--prompt-ids", "5,17,3", "--max-new-tokens", "6")
     assert r.returncode == 0, r.stderr
     expected = generate(model, torch.tensor([[5, 17, 3]]), GenerationConfig(max_new_tokens=6)).new_tokens[0].tolist()
-    assert json.loads(r.stdout)["new_tokens"] == expected
+    out = json.loads(r.stdout)
+    assert out["new_tokens"] == expected and (out["device"], out["dtype"]) == ("cpu", "float32")

@@ -159,6 +159,8 @@ def _generate(args) -> None:
                 "full_cache_bytes": out.full_cache_bytes,
                 "prefill_cache_bytes": out.prefill_cache_bytes,
                 "memory_reduction": round(out.memory_reduction, 3),
+                "device": str(args.device),
+                "dtype": _dtype_name(args.dtype),
             }
         )
     )
