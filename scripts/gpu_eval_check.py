@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Evaluation and generation on the GPU (issue 36): one run that checks and measures, written to one JSON.
 
-    python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval_check.json   # a CUDA machine, <= 8 min
-    python scripts/gpu_eval_check.py --smoke --out /tmp/smoke.json                  # tiny sizes on the CPU (~1 min)
+    python scripts/gpu_eval_check.py --out runs/gpu_eval_check.json   # a CUDA machine, sized for <= 8 min
+    python scripts/gpu_eval_check.py --smoke --out /tmp/smoke.json   # tiny sizes on the CPU (2-3 min on 2 cores)
 
 Rows (each PASS, FAIL or SKIP with its numbers; the script exits 1 if any row FAILs):
 

@@ -1,6 +1,6 @@
 """scripts/gpu_eval_check.py (issue 36's GPU run) at its tiny --smoke size on the CPU, so the script is known to run
 and to write every row before anyone spends GPU time on it. The GPU numbers themselves come from a CUDA machine:
-`python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval_check.json`."""
+`python scripts/gpu_eval_check.py --out runs/gpu_eval_check.json`."""
 
 from __future__ import annotations
 
