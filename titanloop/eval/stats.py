@@ -117,9 +117,9 @@ def batch_stats(model: LoopLM, batch: dict, n_loops: int, chunk_size: int = 1024
     """One batch on the model's device -> (per scored token [6, T, n] float32 with rows BATCH_FIELDS,
     state_rms [T, m] over the m real tokens), both still on the device.
 
-    Nothing here copies to the host or waits for the device (a model on the meta device runs it, and meta
-    tensors refuse any copy to the host): the token indices are computed from the batch's CPU tensors and moved
-    to the device once, and every loop's quantities are written into device tensors."""
+    Nothing here copies from the device to the host or reads a device value (a model on the meta device runs
+    it, and meta tensors refuse both): the token indices are computed from the batch's CPU tensors and copied to
+    the device once per batch, with the batch, and every loop's quantities are written into device tensors."""
     device = model.embed_tokens.weight.device
     ids = batch["input_ids"].to(device)
     scored = scored_index(batch["labels"]).to(device)
