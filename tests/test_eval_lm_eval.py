@@ -121,3 +121,19 @@ def test_adapter_bad_input(checkpoint, tmp_path):
         TitanloopLM(pretrained=str(path))  # no tokenizer.json next to the checkpoint
     with pytest.raises(ConfigError, match="not a LoopLM checkpoint"):
         TitanloopLM(pretrained=str(tmp_path), tokenizer="bytes")
+
+
+def test_adapter_device_and_dtype(checkpoint):
+    """model_args dtype (default auto) and lm_eval's device (default auto): CUDA in bfloat16 with a GPU, else the
+    CPU in float32; `cuda` on a machine without a GPU runs on the CPU; a bad dtype is a one-line error."""
+    path, _ = checkpoint
+    weight = TitanloopLM(pretrained=str(path), tokenizer="bytes").model.embed_tokens.weight
+    expected = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    assert (weight.device.type, weight.dtype) == expected
+    lm = TitanloopLM(pretrained=str(path), tokenizer="bytes", device="cpu", dtype="bfloat16")
+    assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
+    if not torch.cuda.is_available():
+        lm = TitanloopLM(pretrained=str(path), tokenizer="bytes", device="cuda")
+        assert lm.model.embed_tokens.weight.device.type == "cpu"
+    with pytest.raises(ConfigError, match=r"^dtype='int8' is invalid: expected auto, float32, bfloat16 or float16$"):
+        TitanloopLM(pretrained=str(path), tokenizer="bytes", dtype="int8")

@@ -147,6 +147,10 @@ def _eval_report(
         str(spec),
         "--out",
         str(tmp_path / "eval"),
+        "--device",  # the trainer here runs on CPU ranks in float32: compare with the CLI there too
+        "cpu",
+        "--dtype",
+        "float32",
         "--batch-size",
         str(batch_size),
         "--max-batches",

@@ -8,6 +8,13 @@ Accepted formats:
      training config stored in titanloop.json (`config.model`: a preset plus overrides); only the model
      tensors are read (not the optimizer).
 Anything else is refused with a one-line ConfigError naming the path and the accepted formats.
+
+Where the model goes: `device` and `dtype` (`resolve_device` / `resolve_dtype`: "auto" is CUDA in bfloat16
+when torch.cuda.is_available(), else the CPU in float32). The model is built on the meta device and allocated
+once, uninitialized, on the target device in the target dtype; the stored tensors are then read into it one at
+a time (DCP through the restricted reader, safetensors tensor by tensor). So a checkpoint never has a second
+full copy in CPU memory: besides the model itself (on the device), at most one stored tensor is held on the
+CPU at a time, and no random initialization runs.
 """
 
 from __future__ import annotations
@@ -98,14 +105,75 @@ def published_step_dir(path: Path) -> tuple[Path, dict]:
     return path, layout.read_manifest(path)
 
 
+DEVICE_VALUES = "auto, cpu, cuda or cuda:N"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def resolve_device(spec="auto", name: str = "device") -> torch.device:
+    """ "auto" -> "cuda" when torch.cuda.is_available(), else "cpu"; "cpu"; "cuda" / "cuda:N" (when there is such
+    a GPU). A torch.device is taken as it is (e.g. "meta" from Python). One-line ConfigError naming `name`."""
+    if isinstance(spec, torch.device):
+        return spec
+    text = str(spec).strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    if text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"{name}={spec!r} is invalid here: torch.cuda.is_available() is False on this machine; "
+                "expected auto or cpu"
+            )
+        device = torch.device(text)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"{name}={spec!r} is invalid: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                f"expected cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
+        return device
+    raise ConfigError(f"{name}={spec!r} is invalid: expected {DEVICE_VALUES}")
+
+
+def resolve_dtype(spec, device: torch.device, name: str = "dtype") -> torch.dtype | None:
+    """ "auto" -> bfloat16 on CUDA, float32 elsewhere; a name in DTYPES (or fp32/bf16/fp16); a torch.dtype as it
+    is; None stays None (the loader keeps its default: see `load_model`). One-line ConfigError naming `name`."""
+    if spec is None or isinstance(spec, torch.dtype):
+        return spec
+    text = str(spec).strip().lower()
+    if text == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    text = DTYPE_ALIASES.get(text, text)
+    if text not in DTYPES:
+        raise ConfigError(f"{name}={spec!r} is invalid: expected auto, float32, bfloat16 or float16")
+    return DTYPES[text]
+
+
+def empty_looplm(cfg: LoopLMConfig, device, dtype: torch.dtype | None = None) -> LoopLM:
+    """A LoopLM whose parameters are allocated, uninitialized, directly on `device` in `dtype` (default: the
+    default float dtype): built on the meta device, cast there (free), then `to_empty`. No random init runs
+    and nothing passes through the CPU. Tied embeddings stay tied (to_empty would untie them)."""
+    with torch.device("meta"):
+        model = LoopLM(cfg)
+    if dtype is not None:
+        model.to(dtype)
+    model.to_empty(device=device)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
+
+
 def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, ...] = ()) -> None:
-    """Read the `model/...` tensors of the DCP step dir `path` into `model` (model tensors only, through the
-    restricted reader); `tied` names parameters that may be absent because they share another one's storage."""
+    """Read the `model/...` tensors of the DCP step dir `path` into `model`'s own tensors, in place, on whatever
+    device and in whatever dtype they are (model tensors only, through the restricted reader, which reads one
+    stored tensor at a time into CPU memory and copies it into its target); `tied` names parameters that may be
+    absent because they share another one's storage."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
-    live = model.state_dict()
-    targets = {f"model/{k}": torch.empty_like(v) for k, v in live.items() if f"model/{k}" in stored}
+    live = model.state_dict()  # detached views of the parameters: loading writes into the model itself
+    targets = {f"model/{k}": v for k, v in live.items() if f"model/{k}" in stored}
     missing = sorted(k for k in live if f"model/{k}" not in stored and k not in tied)
     if missing:
         raise ConfigError(
@@ -119,19 +187,22 @@ def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, 
             "tensor: it is not a titanloop training checkpoint (refusing to load it)"
         )
     load_dcp(targets, path)
-    model.load_state_dict({k[len("model/") :]: v for k, v in targets.items()}, strict=not tied)
 
 
 def _load_dcp(path: Path, device, dtype) -> LoopLM:
     """Model weights of a titanloop.checkpoint DCP checkpoint (a step dir, or a folder whose `latest` names one)."""
     path, manifest = published_step_dir(path)
-    model = LoopLM(_model_config_from_manifest(manifest, path))
+    model = empty_looplm(_model_config_from_manifest(manifest, path), device, dtype)
     load_dcp_model_weights(model, path, ("lm_head.weight",) if model.cfg.tie_embeddings else ())
-    return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    return model
 
 
-def load_model(path, device="cpu", dtype: torch.dtype | None = None) -> LoopLM:
-    """Load a LoopLM from `path` (formats in the module docstring), in eval mode."""
+def load_model(path, device="cpu", dtype: torch.dtype | str | None = None) -> LoopLM:
+    """Load a LoopLM from `path` (formats in the module docstring), in eval mode, straight onto `device` in
+    `dtype` (see `resolve_device` / `resolve_dtype`; "auto" for either picks CUDA + bfloat16 when there is a
+    GPU). dtype None: a DCP checkpoint loads in float32, an Ouro HF directory in the dtype it stores."""
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     fmt = checkpoint_format(path)
     if fmt == "ouro_hf":
         model = import_ouro_hf(path, device=device, dtype=dtype)

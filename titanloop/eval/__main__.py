@@ -3,6 +3,10 @@
 python -m titanloop.eval sweep CKPT --data task:mano --out out/eval          # report.json + plots
 python -m titanloop.eval sweep CKPT --data seqs.jsonl --loops 1,2,4,8 --q 0,0.5,0.9,1
 python -m titanloop.eval generate CKPT --prompt-ids 5,17,3 --max-new-tokens 16 --cache-policy last
+python -m titanloop.eval sweep CKPT --data task:mano --device cpu --dtype float32    # force the CPU
+
+Both subcommands load the model straight onto --device in --dtype (default auto: CUDA in bfloat16 when
+torch.cuda.is_available(), else the CPU in float32) and compute there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ DATA_HELP = (
     "with 'input_ids' and optional 'labels'); a .json file holding a titanloop.data DataConfig dict; "
     "'task:NAME' for held-out examples of a synthetic task (mano, addition, xor, multihop); or "
     "'synthetic_text'"
+)
+WHERE = (
+    "The model is loaded straight onto --device in --dtype and its forward passes run there (sweep: the LM head "
+    "and the per-token statistics too, copied to the CPU once per batch, where the exit strategies and the "
+    "report are computed). Default auto: CUDA in bfloat16 when torch.cuda.is_available(), else the CPU in float32."
 )
 
 
@@ -89,15 +98,20 @@ def _sweep(args) -> None:
         value = getattr(args, name)
         if value is not None:
             setattr(cfg, {"q": "q_thresholds", "margin": "margin_thresholds"}.get(name, name), value)
-    print(f"loading {args.checkpoint}", flush=True)
-    model = load_model(args.checkpoint)
+    print(f"loading {args.checkpoint} on {args.device} in {_dtype_name(args.dtype)}", flush=True)
+    model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     dataset = load_data(args.data, args.seed)
     report = evaluate(
         model,
         dataset,
         cfg,
         progress=lambda m: print(m, flush=True),
-        meta={"checkpoint": str(args.checkpoint), "data": args.data},
+        meta={
+            "checkpoint": str(args.checkpoint),
+            "data": args.data,
+            "device": str(args.device),
+            "dtype": _dtype_name(args.dtype),
+        },
     )
     paths = write_report(report, args.out)
     print(f"\n{'loops':>5} {'loss':>8} {'ppl':>10} {'tok_acc':>8} {'seq_acc':>8}")
@@ -119,7 +133,7 @@ def _generate(args) -> None:
     from titanloop.eval import load_model
     from titanloop.eval.generate import GenerationConfig, generate
 
-    model = load_model(args.checkpoint)
+    model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     cfg = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         n_loops=args.n_loops,
@@ -145,8 +159,29 @@ def _generate(args) -> None:
                 "full_cache_bytes": out.full_cache_bytes,
                 "prefill_cache_bytes": out.prefill_cache_bytes,
                 "memory_reduction": round(out.memory_reduction, 3),
+                "device": str(args.device),
+                "dtype": _dtype_name(args.dtype),
             }
         )
+    )
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _add_placement(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the model is loaded and run: auto (default: cuda when torch.cuda.is_available(), else cpu), "
+        "cpu, cuda or cuda:N",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="parameter and compute dtype: auto (default: bfloat16 on cuda, float32 on cpu), float32, bfloat16 or "
+        "float16",
     )
 
 
@@ -154,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m titanloop.eval",
         description="Evaluate a looped LM: depth sweep, early-exit frontier, per-loop "
-        "diagnostics (sweep), or decode with a KV cache (generate).",
+        "diagnostics (sweep), or decode with a KV cache (generate). " + WHERE,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     ckpt_help = "checkpoint: an Ouro Hugging Face directory (titanloop.interchange export) or a DCP directory"
@@ -164,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="depth sweep + exit strategies + diagnostics -> report.json and PNG plots",
         description="Score the data at T = --loops, run every early-exit strategy over loops "
         "1..--exit-loops, compute per-loop diagnostics; write report.json, "
-        "depth_curve.png, pareto.png, hidden_norms.png into --out.",
+        "depth_curve.png, pareto.png, hidden_norms.png into --out. " + WHERE,
     )
     s.add_argument("checkpoint", help=ckpt_help)
+    _add_placement(s)
     s.add_argument("--data", required=True, help=DATA_HELP)
     s.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
     s.add_argument(
@@ -200,9 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate",
         help="greedy or sampled decoding with a KV cache",
-        description="Decode after --prompt-ids; prints new tokens, exit loops and KV-cache bytes.",
+        description="Decode after --prompt-ids; prints new tokens, exit loops and KV-cache bytes. " + WHERE,
     )
     g.add_argument("checkpoint", help=ckpt_help)
+    _add_placement(g)
     g.add_argument("--prompt-ids", type=_ints, required=True, help="comma-separated prompt token ids")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--n-loops", type=int, default=None, help="T (default: trained depth)")
@@ -219,7 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # (CLI: torch only once the arguments parsed)
+    from titanloop.checkpoint.loading import resolve_device, resolve_dtype
+
+    try:  # a bad --device / --dtype is a usage error: one line, exit status 2, before anything is loaded
+        args.device = resolve_device(args.device, "--device")
+        args.dtype = resolve_dtype(args.dtype, args.device, "--dtype")
+    except ConfigError as e:
+        parser.exit(2, f"error: {e}\n")
     try:
         args.func(args)
     except ConfigError as e:

@@ -19,6 +19,12 @@ from titanloop.objectives import IGNORE_INDEX, exit_entropy, exit_log_probs, lin
 from titanloop.objectives import spectral_radius_estimate
 
 
+def _on_device(batch: dict, model: LoopLM) -> dict:
+    """The batch's tensors on the model's device (the eval keeps batches on the CPU)."""
+    device = model.embed_tokens.weight.device
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def _summary(x: torch.Tensor) -> dict:
     x = x.float()
     if x.numel() == 0:
@@ -50,11 +56,12 @@ def exit_distribution(stats: LoopStats, exit_loops: int) -> dict:
 
 def radial_gradient_fraction(model: LoopLM, batch: dict, n_loops: int, chunk_size: int = 1024) -> list[dict]:
     """r_t per loop on one batch (module docstring); a backward through the readout path only."""
-    ids, labels = batch["input_ids"], batch["labels"]
+    batch = _on_device(batch, model)
+    ids, labels, doc_ids = batch["input_ids"], batch["labels"], batch.get("doc_ids")
     scored = labels != IGNORE_INDEX
-    cos, sin, mask = model.rope_and_mask(ids, doc_ids=batch.get("doc_ids"))
+    cos, sin, mask = model.rope_and_mask(ids, doc_ids=doc_ids)
     with torch.no_grad():
-        states = [s.state for s in iter_loops(model, ids, n_loops, doc_ids=batch.get("doc_ids"))]
+        states = [s.state for s in iter_loops(model, ids, n_loops, doc_ids=doc_ids)]
     out = []
     for t, h in enumerate(states):
         h = h.detach().requires_grad_(True)
@@ -80,6 +87,7 @@ def spectral_radius(
     model: LoopLM, batch: dict, loops: list[int], rows: int = 2, power_steps: int = 10, seed: int = 0
 ) -> list[dict]:
     """ρ(J_Φ) at the input x_{t-1} of each loop t in `loops`, on the first `rows` rows of `batch`."""
+    batch = _on_device(batch, model)
     ids = batch["input_ids"][:rows]
     doc_ids = batch["doc_ids"][:rows] if batch.get("doc_ids") is not None else None
     cos, sin, mask = model.rope_and_mask(ids, doc_ids=doc_ids)

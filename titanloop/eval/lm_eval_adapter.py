@@ -12,7 +12,9 @@ Python: `lm_eval.simple_evaluate(model=TitanloopLM(pretrained=...), tasks=[...])
 model_args: pretrained (a path titanloop.eval.load_model accepts), n_loops (T, default the model's),
 exit_policy static|q_exit, q (Q-exit threshold in [0, 1]), tokenizer (a tokenizer.json, default
 <pretrained>/tokenizer.json; or `bytes` for UTF-8 bytes as token ids), bos_token_id (the token that
-conditions an empty context and the first rolling window; default the tokenizer's, else 0), max_length.
+conditions an empty context and the first rolling window; default the tokenizer's, else 0), max_length,
+dtype (auto: bfloat16 on CUDA, float32 on the CPU; or float32, bfloat16, float16). lm_eval's --device picks the
+device (default auto: CUDA when torch.cuda.is_available(), else the CPU; `cuda` without a GPU also means the CPU).
 Scoring is teacher-forced: every position is decoded from its own exit loop (static: loop T; q_exit: the first
 loop whose exit CDF reaches q, as in Ouro's Hugging Face code). Generation uses titanloop.eval.generate.
 """
@@ -86,14 +88,15 @@ class TitanloopLM(LM):
         bos_token_id: int | None = None,
         max_length: int | None = None,
         batch_size: int | str | None = 1,
-        device: str | None = "cpu",
+        device: str | None = "auto",
+        dtype: str | None = "auto",
         **_lm_eval_extras,
     ):
         # _lm_eval_extras: options lm_eval passes to every model class (e.g. max_batch_size), unused here
         super().__init__()
         if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
-            device = "cpu"  # lm_eval's CLI defaults to cuda; run on the CPU when there is no GPU
-        self.model = load_model(pretrained, device=device)
+            device = "auto"  # a `--device cuda` without a GPU runs on the CPU (lm_eval's examples all say cuda)
+        self.model = load_model(pretrained, device=device, dtype=dtype or "auto")
         cfg = self.model.cfg
         self.n_loops = int(n_loops) if n_loops is not None else cfg.n_loops
         require(self.n_loops >= 1, "n_loops", n_loops, "an integer >= 1")

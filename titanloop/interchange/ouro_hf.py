@@ -355,24 +355,29 @@ def import_ouro_hf(path, device="cpu", dtype: torch.dtype | None = None) -> Loop
     """Load an Ouro Hugging Face directory (published or exported by titanloop) as a LoopLM.
 
     dtype: None keeps the stored dtype (bitwise round trip); otherwise tensors are cast to it.
-    The model is built on the meta device and the stored tensors are assigned, so no random init runs.
+    device: where the model lives. Each stored tensor is read, moved to `device` in `dtype` and dropped from
+    CPU memory before the next one is read, so the whole model is never held on the CPU a second time (a
+    2.6B checkpoint loads onto a GPU with one tensor at a time in CPU memory). The model is built on the meta
+    device and the loaded tensors are assigned, so no random init runs.
     """
     cfg = read_ouro_config(path)
     files = check_tensors(cfg, path)
+    device = torch.device(device)
     state = {}
     for f in sorted(set(files.values())):
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             for name in sf.keys():
-                # clone: safetensors hands out views at arbitrary byte offsets of the file buffer, and CPU
+                # copy=True: safetensors hands out views at arbitrary byte offsets of the file buffer, and CPU
                 # matmul kernels round differently on unaligned memory; fresh storage keeps logits identical.
                 t = sf.get_tensor(name)
-                state[titanloop_name(name)] = t.clone() if dtype is None else t.to(dtype, copy=True)
+                state[titanloop_name(name)] = t.to(device=device, dtype=dtype or t.dtype, copy=True)
+                del t
     with torch.device("meta"):
         model = LoopLM(cfg)
     model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    return model.to(device)
+    return model
 
 
 def summarize(path) -> dict:

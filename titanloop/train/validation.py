@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from titanloop.eval.diagnostics import exit_distribution
 from titanloop.eval.exits import q_exit, static_exit
-from titanloop.eval.stats import LoopStats, _head_stats
+from titanloop.eval.stats import LoopStats, _head_stats, take_tokens, scored_index, unpack_head_stats
 from titanloop.objectives import IGNORE_INDEX
 from titanloop.parallel import gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
@@ -168,22 +168,24 @@ def rank_stats(run, batches: list[dict], n_loops: int) -> LoopStats | None:
         ids, labels = batch["input_ids"].to(mesh.device), batch["labels"].to(mesh.device)
         doc_ids = batch.get("doc_ids")
         use_docs = doc_ids.to(mesh.device) if doc_ids is not None and cfg.training.doc_masking else None
-        scored = labels != IGNORE_INDEX
+        scored_cpu = batch["labels"] != IGNORE_INDEX
+        index = scored_index(batch["labels"]).to(mesh.device)  # no device sync: indices from the CPU labels
 
-        def fn(model, ids=ids, labels=labels, use_docs=use_docs, scored=scored):
+        def fn(model, ids=ids, labels=labels, use_docs=use_docs, index=index):
             out = model(ids, n_loops, doc_ids=use_docs, exit_readouts=True)
-            readouts = torch.stack([gather_sequence(r, mesh.sp_mesh)[scored] for r in out.readouts])
-            gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)[:, scored].float().cpu()
-            return _head_stats(readouts, model.lm_head.weight, labels[scored], cfg.objective.ce_chunk_size), gates
+            readouts = torch.stack([take_tokens(gather_sequence(r, mesh.sp_mesh), index) for r in out.readouts])
+            gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2).flatten(1).index_select(1, index)
+            head = _head_stats(readouts, model.lm_head.weight, labels.flatten()[index], cfg.objective.ce_chunk_size)
+            return torch.cat([head, gates.float()[None]]).cpu()  # the batch's one device-to-host copy
 
-        (ce, correct, margin, ash), gates = run.engine.forward(fn)
-        for k, v in zip(("ce", "correct", "margin", "ash", "gate"), (ce, correct, margin, ash, gates)):
+        packed = run.engine.forward(fn)
+        for k, v in zip(("ce", "correct", "margin", "ash", "gate"), (*unpack_head_stats(packed), packed[4])):
             parts[k].append(v)
         # an example is a row, or a document of a packed row (the eval's key)
         key = torch.arange(ids.shape[0])[:, None] * (ids.shape[1] + 1) + row_offset
         if doc_ids is not None:
             key = key + doc_ids
-        parts["row"].append(key.expand(ids.shape)[scored.cpu()])
+        parts["row"].append(key.expand(ids.shape)[scored_cpu])
         row_offset += ids.shape[0] * (ids.shape[1] + 1)
     if not parts["ce"] or sum(c.shape[1] for c in parts["ce"]) == 0:
         return None

@@ -1,0 +1,86 @@
+"""scripts/gpu_eval_check.py (issue 36's GPU run) at its tiny --smoke size on the CPU, so the script is known to run
+and to write every row before anyone spends GPU time on it. The GPU numbers themselves come from a CUDA machine:
+`python scripts/gpu_eval_check.py --out runs/gpu_eval_check.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_eval_check.py"
+ROWS = [
+    "validation_equals_cli_fp32",
+    "validation_equals_cli_bf16",
+    "generate_cache_equals_no_cache_small",
+    "hf_ouro_generate",
+    "cli_generate_auto",
+    "load_straight_to_device",
+    "head_stats_syncs",
+    "sweep_frontier_1p4b",
+    "generate_cache_equals_no_cache_big",
+    "generate_speed_1p4b",
+]
+
+
+def run(*args, timeout=900):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_help_and_usage_errors(tmp_path):
+    r = run("--help")
+    assert r.returncode == 0 and "--smoke" in r.stdout and "--out" in r.stdout and "--ouro-code" in r.stdout
+    r = run("--out", str(tmp_path / "x.json"), "--smoke", "--device", "tpu")
+    assert r.returncode == 2 and r.stderr == "error: --device='tpu' is invalid: expected cuda, cuda:N or cpu\n"
+    assert not (tmp_path / "x.json").exists()
+    if not torch.cuda.is_available():  # the GPU run is the default: without CUDA it says how to get the CPU one
+        r = run("--out", str(tmp_path / "x.json"))
+        assert r.returncode == 2 and r.stderr == (
+            "error: --device=cuda but torch.cuda.is_available() is False: run on a CUDA machine, or --smoke\n"
+        )
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_row(tmp_path):
+    out = tmp_path / "smoke.json"
+    r = run("--smoke", "--out", str(out))
+    assert out.is_file(), r.stdout[-3000:] + r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    failed = {row["name"]: row.get("error") or row for row in d["rows"] if row["status"] == "FAIL"}
+    assert not failed, failed
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert d["smoke"] is True and d["device"] == "cpu" and d["torch"] and "gpu_eval_check.py --smoke" in d["command"]
+    assert d["git_commit"] is None or len(d["git_commit"]) == 40
+    rows = {row["name"]: row for row in d["rows"]}
+    assert list(rows) == ROWS
+    for name, row in rows.items():
+        if name == "hf_ouro_generate" and row["status"] == "SKIP":  # no Ouro model code here: it says why
+            assert "OuroForCausalLM" in row["reason"] or "transformers does not import" in row["reason"]
+            continue
+        assert row["status"] == "PASS", (name, row.get("error"), row.get("traceback"))
+    assert d["summary"]["FAIL"] == 0 and d["summary"]["PASS"] + d["summary"]["SKIP"] == len(ROWS)
+
+    for dtype in ("fp32", "bf16"):
+        v = rows[f"validation_equals_cli_{dtype}"]
+        assert v["tokens"] == v["cli_tokens"] == d["sizes"]["val_steps"] * d["sizes"]["val_batch"] * 64
+        assert 0 <= v["worst_ratio"] <= 1 and len(v["metrics"]) == 5 * 4 + 1 + 3 * 3
+        assert all(m["tol"] > 0 for m in v["metrics"].values())
+    assert rows["validation_equals_cli_bf16"]["cli_stdout"].endswith("on cpu in bfloat16")
+    cache = rows["generate_cache_equals_no_cache_small"]["results"]
+    assert [(c["dtype"], c["n_loops"]) for c in cache] == [(t, n) for t in ("float32", "bfloat16") for n in (1, 4, 8)]
+    load = rows["load_straight_to_device"]
+    assert set(load["loads"]) == {"hf", "dcp"} and all(x["checksum_matches"] for x in load["loads"].values())
+    sweep = rows["sweep_frontier_1p4b"]
+    assert sweep["tokens"] >= d["sizes"]["sweep_tokens"] and sweep["loops"] == list(range(1, 9))
+    assert sweep["exit_loops"] == 4 and sweep["frontier_points"] > 0
+    assert rows["head_stats_syncs"]["bitwise_equal_to_old"] is True
+    speed = rows["generate_speed_1p4b"]["results"]
+    assert [s["batch"] for s in speed] == [1, 16] and all(s["new_tokens"] == d["sizes"]["gen_new"] for s in speed)
