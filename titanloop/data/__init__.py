@@ -31,11 +31,13 @@ def build_dataloader(
     dp_world: int,
     vocab_size: int,
     batch_schedule=None,
+    pin_memory: bool = False,
 ) -> PackedLoader:
     """The loader for one data-parallel rank; the global sample sequence does not depend on dp_world.
 
     batch_schedule: optional step (0-based) -> global batch in sequences (a batch-size ramp); the trainer
-    must run `loader.grad_accum_at(step)` micro-batches in that step."""
+    must run `loader.grad_accum_at(step)` micro-batches in that step. pin_memory: page-locked batches, for
+    asynchronous copies to a GPU."""
     require(seq_len >= 1, "seq_len", seq_len, "an integer >= 1")
     if cfg.kind == "synthetic_text":
         sources, weights = [SyntheticTextSource(seq_len, vocab_size, cfg.seed, motif_vocab=cfg.motif_vocab)], [1.0]
@@ -70,6 +72,7 @@ def build_dataloader(
         prefetch=cfg.prefetch,
         batch_schedule=batch_schedule,
         trace_dir=cfg.trace_samples,
+        pin_memory=pin_memory,
     )
 
 

@@ -84,6 +84,7 @@ class PackedLoader:
         prefetch: int = 4,
         batch_schedule=None,
         trace_dir: str | None = None,
+        pin_memory: bool = False,
     ):
         require(dp_world >= 1, "dp_world", dp_world, "an integer >= 1")
         require(0 <= dp_rank < dp_world, "dp_rank", dp_rank, f"an integer in [0, {dp_world})")
@@ -97,6 +98,7 @@ class PackedLoader:
         # step (0-based) -> global batch in sequences; None = global_batch_size for every step
         self.batch_schedule = batch_schedule
         self.prefetch = prefetch
+        self.pin_memory = pin_memory  # page-locked batches (CUDA): their copies to the GPU do not block the loop
         self.trace_path = None
         if trace_dir:
             os.makedirs(trace_dir, exist_ok=True)
@@ -238,8 +240,11 @@ class PackedLoader:
                     ]
                 last = m == accum - 1
                 picked = [(int(js[p]), int(ks[p])) for p in pos]
+                batch = rows_to_batch(rows, [start + int(p) for p in pos])
+                if self.pin_memory:  # (in the prefetch thread, off the training loop)
+                    batch = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
                 yield (
-                    rows_to_batch(rows, [start + int(p) for p in pos]),
+                    batch,
                     ((list(counts), steps) if last else None),
                     (steps - 1, picked),
                 )

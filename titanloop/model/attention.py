@@ -264,11 +264,18 @@ def document_kernel(
 
 
 def document_mask(
-    doc_ids: torch.Tensor, backend: str, dtype: torch.dtype, kernel: str | None = None, graph_safe: bool = False
+    doc_ids: torch.Tensor,
+    backend: str,
+    dtype: torch.dtype,
+    kernel: str | None = None,
+    graph_safe: bool = False,
+    host_doc_ids: torch.Tensor | None = None,
 ) -> "DocumentMask | torch.Tensor":
     """The document mask for one forward over doc_ids [B, S]: a DocumentMask, or the dense boolean mask
     [B, 1, S, S] when the kernel is 'dense'. `kernel` overrides the choice document_kernel makes;
-    graph_safe: the layers are compiled with fullgraph=True (see document_kernel)."""
+    graph_safe: the layers are compiled with fullgraph=True (see document_kernel). host_doc_ids: the same ids in
+    host memory (the trainer's batch), where the document boundaries are found without a device-to-host sync
+    (`nonzero` on a GPU tensor waits for the GPU)."""
     b, s = doc_ids.shape
     kernel = kernel or document_kernel(backend, doc_ids.device, dtype, b * s * s, graph_safe)
     if kernel == "dense":
@@ -281,7 +288,10 @@ def document_mask(
             return (q_idx >= kv_idx) & (doc_ids[bi, q_idx] == doc_ids[bi, kv_idx])
 
         block_mask = create_block_mask(same_doc_causal, b, None, s, s, device=doc_ids.device)
-    cu = cu_seqlens(doc_ids)
+    if host_doc_ids is not None and host_doc_ids.device != doc_ids.device:
+        cu = cu_seqlens(host_doc_ids).to(doc_ids.device, non_blocking=True)
+    else:
+        cu = cu_seqlens(doc_ids)
     if kernel == "varlen":  # a new document count must not recompile the layer that receives cu_seqlens
         torch._dynamo.mark_dynamic(cu, 0)
     return DocumentMask(cu, s, kernel, block_mask)

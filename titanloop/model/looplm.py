@@ -219,12 +219,21 @@ class LoopLM(nn.Module):
         or decoding with a cache)."""
         s = input_ids.shape[1]
         dtype = self.embed_tokens.weight.dtype
+        host_doc_ids = None
+        if doc_ids is not None and doc_ids.device != input_ids.device:  # e.g. the trainer's batch, on the host
+            host_doc_ids, doc_ids = doc_ids, doc_ids.to(input_ids.device, non_blocking=True)
         if doc_ids is not None and positions is None and kv_cache is None and self.cfg.rope_per_document:
             positions = document_positions(doc_ids)
         cos, sin = self.rope(s, input_ids.device, dtype, positions, position_offset)
         mask = None
         if doc_ids is not None and kv_cache is None:  # no dense [S, S] mask unless the backend is 'sdpa'
-            mask = document_mask(doc_ids, self.cfg.attention_backend, dtype, graph_safe=self.graph_safe_attention)
+            mask = document_mask(
+                doc_ids,
+                self.cfg.attention_backend,
+                dtype,
+                graph_safe=self.graph_safe_attention,
+                host_doc_ids=host_doc_ids,
+            )
         elif doc_ids is not None:
             mask = causal_mask(s, s, input_ids.device, doc_ids)
         elif kv_cache is not None and position_offset > 0 and s > 1:
@@ -288,7 +297,8 @@ class LoopLM(nn.Module):
         `forward`, evaluation (titanloop.eval.trace) and early exit all run the model through this loop.
 
         n_loops: T (default cfg.n_loops); any T >= 1 works, beyond the trained depth too.
-        doc_ids: [B, S] document index per token; restricts attention to the token's own document.
+        doc_ids: [B, S] document index per token; restricts attention to the token's own document. It may stay in
+            host memory while input_ids is on the GPU: the document boundaries are then read on the host (no sync).
         kv_cache / position_offset: incremental decoding (see titanloop.eval.generate).
         """
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)

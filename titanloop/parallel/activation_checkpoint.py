@@ -1,5 +1,9 @@
-"""Activation checkpointing for the LoopLM, per decoder layer or per loop.
+"""Activation checkpointing for the LoopLM: selective, per decoder layer or per loop.
 
+- "selective": every decoder layer is wrapped with checkpoint_wrapper and a selective policy (torch's
+  create_selective_checkpoint_contexts, as torchtitan's op-level SAC): the outputs of the matmuls and of the
+  attention kernel are saved, everything else (norms, RoPE, activations, residual adds) is recomputed in backward.
+  It costs memory between "none" and "layer" and recomputes only cheap elementwise work.
 - "layer": every decoder layer is wrapped with checkpoint_wrapper (non-reentrant); a looped layer then
   keeps only its input per loop and recomputes its internals in backward (T inputs per layer are saved).
 - "loop": `model.loop_wrapper` runs each application of the looped block (loop_step) under
@@ -12,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from titanloop.config_errors import require_choice
 from titanloop.model import LoopLM
@@ -22,12 +26,34 @@ def _checkpointed(fn):
     return functools.partial(checkpoint, fn, use_reentrant=False)
 
 
+# Ops whose outputs selective AC keeps (by name, so that every torch version's and kernel's variants match): the
+# matmuls (float8's _scaled_mm included) and the attention kernels (SDPA's fused ones, torch's varlen_attn,
+# flash-attn, FlexAttention).
+_SAVED = ("mm", "addmm", "bmm", "_scaled_mm", "linear")
+_SAVED_PARTS = ("attention", "varlen_attn", "flash_attn", "flex_attention")
+
+
+def saves_output(op) -> bool:
+    """Whether selective activation checkpointing saves `op`'s output instead of recomputing it."""
+    name = str(getattr(op, "__name__", op)).split(".")[0].split("::")[-1]
+    return name in _SAVED or any(part in name for part in _SAVED_PARTS)
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if saves_output(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    return create_selective_checkpoint_contexts(_selective_policy)
+
+
 def apply_activation_checkpointing(model: LoopLM, mode: str) -> None:
-    """mode: 'none' | 'layer' | 'loop' (see the module docstring)."""
-    require_choice(mode, "parallelism.activation_checkpoint", ("none", "layer", "loop"))
+    """mode: 'none' | 'selective' | 'layer' | 'loop' (see the module docstring)."""
+    require_choice(mode, "parallelism.activation_checkpoint", ("none", "selective", "layer", "loop"))
     if mode == "loop":
         model.loop_wrapper = _checkpointed
-    elif mode == "layer":
+    elif mode in ("layer", "selective"):
+        kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
         for stack in (model.prelude, model.layers, model.coda):
             for i, layer in enumerate(stack):
-                stack[i] = checkpoint_wrapper(layer)
+                stack[i] = checkpoint_wrapper(layer, **kwargs)

@@ -42,6 +42,7 @@ import torch.nn as nn
 from titanloop.config_errors import require, require_choice
 
 RECIPES = ("off", "tensorwise", "rowwise")
+FILTERS = ("all", "auto")
 
 
 @dataclass
@@ -50,9 +51,14 @@ class Float8Section:
     precision), emulated without a GPU (docs/parallelism.md)."""
 
     recipe: str = "off"  # off | tensorwise | rowwise
+    # which decoder linears: all (every one whose dimensions are multiples of 16) | auto (only those whose shapes
+    # torchao's H100 tables show faster in float8: torchao's _auto_filter_for_recipe, torchtitan's
+    # auto_filter_small_kn; for Ouro 1.4B rowwise keeps only gate/up, tensorwise keeps all)
+    filter: str = "all"
 
     def validate(self) -> None:
         require_choice(self.recipe, "float8.recipe", RECIPES)
+        require_choice(self.filter, "float8.filter", FILTERS)
 
 
 def check_float8_layout(f8: Float8Section, engine: str, tp: int, family_has_float8: bool = True) -> None:
@@ -94,9 +100,9 @@ def _converts(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool = False) -> int:
+def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool = False, filter: str = "all") -> int:
     """Swap the decoder layers' linears of `model` (a LoopLM, possibly on the meta device) for Float8Linear in place;
-    returns how many were swapped. recipe 'off' does nothing."""
+    returns how many were swapped. recipe 'off' does nothing; filter: see Float8Section."""
     if recipe == "off":
         return 0
     # torchtitan refuses the same combination (its emulation is for eager tests only)
@@ -110,8 +116,13 @@ def apply_float8(model: nn.Module, recipe: str, *, emulate: bool, compile: bool 
     from torchao.float8.float8_linear import Float8Linear
 
     config = float8_config(recipe, emulate=emulate)
+    converts = _converts
+    if filter == "auto":
+        from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
+
+        converts = _auto_filter_for_recipe(recipe, filter_fqns=[])
     for stack in (model.prelude, model.layers, model.coda):
-        convert_to_float8_training(stack, module_filter_fn=_converts, config=config)
+        convert_to_float8_training(stack, module_filter_fn=converts, config=config)
     if config.enable_fsdp_float8_all_gather:
         model._register_state_dict_hook(_plain_weights)
     return sum(isinstance(m, Float8Linear) for m in model.modules())

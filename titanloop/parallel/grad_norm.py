@@ -43,3 +43,23 @@ def clip_grad_norm_(parameters, max_norm: float, foreach: bool = False) -> torch
         for g in grads:
             g.mul_(coef)
     return total
+
+
+@torch.no_grad()
+def total_grad_norm(parameters) -> torch.Tensor:
+    """The L2 norm of all gradients of `parameters` (on one mesh), reduced over the ranks that shard them; clips
+    nothing (torch.nn.utils.clip_grads_with_norm_ does, once the caller has seen the norm is finite)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+@torch.no_grad()
+def nonfinite_grad_names(model) -> list[str]:
+    """Names of the parameters whose local gradient shard holds a NaN or Inf: one foreach norm, one host read."""
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    if not named:
+        return []
+    local = [g.to_local() if hasattr(g, "to_local") else g for _, g in named]
+    finite = torch.isfinite(torch.stack(torch._foreach_norm(local))).tolist()
+    return [name for (name, _), ok in zip(named, finite) if not ok]

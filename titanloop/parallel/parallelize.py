@@ -35,11 +35,12 @@ def parallelize_looplm(
     compile_fullgraph: bool | None = None,
     float8: str = "off",
     float8_emulate: bool = False,
+    float8_filter: str = "all",
 ) -> LoopLM:
     """Apply float8 (float8.recipe, titanloop.parallel.float8), TP (when parallel_dims.tp > 1), AC, compile and
     FSDP2 to `model` in place and return it. compile_fullgraph: see apply_compile (None: as the attention backend
     allows)."""
-    apply_float8(model, float8, emulate=float8_emulate, compile=compile)
+    apply_float8(model, float8, emulate=float8_emulate, compile=compile, filter=float8_filter)
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
     apply_activation_checkpointing(model, activation_checkpoint)

@@ -209,16 +209,26 @@ class RetrofitLM(nn.Module):
 
     # ----- forward ----------------------------------------------------------------------------
     def rope_and_mask(
-        self, input_ids: torch.Tensor, *, doc_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        *,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        host_doc_ids: torch.Tensor | None = None,
     ):
+        """host_doc_ids: doc_ids in host memory, where the document boundaries are read without a device sync."""
         s = input_ids.shape[1]
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
         cos, sin = rope_cos_sin(positions, self.shape.head_dim, self.shape.rope_theta, self.embed_tokens.weight.dtype)
         mask = (
             document_mask(
-                doc_ids, "auto", self.embed_tokens.weight.dtype, graph_safe=getattr(self, "graph_safe_attention", False)
-            )  # set by apply_compile
+                doc_ids,
+                "auto",
+                self.embed_tokens.weight.dtype,
+                graph_safe=getattr(self, "graph_safe_attention", False),  # set by apply_compile
+                host_doc_ids=host_doc_ids,
+            )
             if doc_ids is not None
             else None
         )
@@ -260,6 +270,9 @@ class RetrofitLM(nn.Module):
         )
         t_total = self.rcfg.n_loops if n_loops is None else int(n_loops)
         require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
+        host_doc_ids = None
+        if doc_ids is not None and doc_ids.device != input_ids.device:  # e.g. the trainer's batch, on the host
+            host_doc_ids, doc_ids = doc_ids, doc_ids.to(input_ids.device, non_blocking=True)
         if self.rcfg.step_norm or self.rcfg.modulation != "none":
             require(
                 t_total <= self.rcfg.max_loops,
@@ -267,7 +280,7 @@ class RetrofitLM(nn.Module):
                 t_total,
                 f"<= max_loops={self.rcfg.max_loops} (per-step parameters; model.max_loops in a training config)",
             )
-        cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions)
+        cos, sin, mask = self.rope_and_mask(input_ids, doc_ids=doc_ids, positions=positions, host_doc_ids=host_doc_ids)
         x = self.embed_tokens(input_ids)
         for layer in self.prelude:
             x = layer(x, cos, sin, mask)

@@ -110,6 +110,28 @@ def print_summary(run) -> None:
         )
         for line in family.extra_summary(run):
             print(f"[titanloop] {line}", flush=True)
+        print(f"[titanloop] {speed_settings(run)}", flush=True)
+
+
+def speed_settings(run) -> str:
+    """One line with what decides the speed: precision (float8: what was converted and how weights are
+    all-gathered), activation checkpointing, sequences per step and the optimizer's implementation."""
+    from titanloop.parallel.float8 import float8_summary  # (CLI: loads with the trainer, after the config check)
+
+    cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
+    f8 = cfg.float8.recipe
+    precision = float8_summary(run.engine.model, f8) if f8 != "off" else "float8 off (bf16 matmuls)"
+    if mesh.device_type != "cuda" and f8 != "off":
+        precision += ", emulated on CPU"
+    implementation = cfg.optimizer.resolved_implementation(mesh.device_type, mesh.dims.tp)
+    if cfg.parallelism.engine == "deepspeed":
+        implementation = "foreach (DeepSpeed)"
+    return (
+        f"speed: {run.param_dtype} params, {precision} | activation checkpointing "
+        f"{cfg.parallelism.activation_checkpoint} | {t.micro_batch_size} sequence(s) of {t.seq_len} per rank per "
+        f"micro-batch, {run.dataloader.grad_accum_at(0)} micro-batch(es) per step | compile {cfg.parallelism.compile} "
+        f"| optimizer {cfg.optimizer.name} {implementation}"
+    )
 
 
 if __name__ == "__main__":

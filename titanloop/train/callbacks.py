@@ -154,19 +154,24 @@ class Metrics(Callback):
         self.logger = MetricsLogger(
             cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict(), trained_loops=cfg.looplm.n_loops
         )
+        self.window = [0, 0.0, 0.0]  # tokens, seconds and model FLOPs of the steps since the last logged one
 
     def post_step(self, run, result: StepResult) -> None:
+        cfg, mesh = run.cfg, run.mesh
+        seq_len = cfg.training.seq_len
+        tokens = run.dataloader.batch_at(result.step - 1) * seq_len
+        doc_lengths = result.doc_lengths or None  # None: plain causal attention
+        # Speed over every step since the last log line, not the log step alone: a log step ends each phase with a
+        # barrier (metrics.breakdown), the others run as training does
+        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths) * tokens
+        self.window = [self.window[0] + tokens, self.window[1] + result.seconds, self.window[2] + flops]
         if result.skipped and result.validation:  # no training numbers to show at a skipped step
             self.logger.log_validation(result.step, result.validation)
         if result.skipped or (result.step % self.log_freq and result.step != 1 and not result.validation):
             return
-        cfg, mesh = run.cfg, run.mesh
+        (tokens, seconds, flops), self.window = self.window, [0, 0.0, 0.0]
         per_loop = dict(result.per_loop)
-        seq_len = cfg.training.seq_len
-        tokens = run.dataloader.batch_at(result.step - 1) * seq_len
-        doc_lengths = result.doc_lengths or None  # None: plain causal attention
-        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths)
-        flops *= tokens / result.seconds
+        flops /= seconds
         peak = H100_BF16_PEAK_FLOPS * mesh.world_size
         scalars = {
             "loss": result.loss,
@@ -174,7 +179,7 @@ class Metrics(Callback):
             "gate_entropy": per_loop.pop("gate_entropy")[0],
             "grad_norm": result.grad_norm,
             "lr": result.lr,
-            "tokens_per_s": tokens / result.seconds,
+            "tokens_per_s": tokens / seconds,
             "tflops": flops / 1e12,
             "skipped_steps": run.state.skipped_steps,
             "mfu": flops / peak if mesh.device_type == "cuda" else None,

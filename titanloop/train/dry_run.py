@@ -264,7 +264,7 @@ def dry_run(
         model = parallelize(
             cfg.engine_settings(), model, mesh, dtype, device_type="cuda"
         )  # float8 (if on) as on GPUs: not emulated
-        optimizers = build_optimizer(cfg.optimizer, model, tp)
+        optimizers = build_optimizer(cfg.optimizer, model, tp, "cuda")  # as on the GPUs
         lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, cfg.training.steps, optimizers)
         m = cfg.looplm
         report.add(

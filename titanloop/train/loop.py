@@ -24,6 +24,7 @@ from titanloop.model.attention import document_lengths
 from titanloop.objectives import jsrr_probes, jsrr_target, loop_objective
 from titanloop.parallel import count_collectives, gather_sequence
 from titanloop.parallel.float8 import count_weight_casts
+from titanloop.parallel.grad_norm import nonfinite_grad_names
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.startup import Mesh, Run
 from titanloop.train.step_timer import StepTimer
@@ -73,7 +74,7 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
                 result.nonfinite_grad_norm = grad_norm
                 result.nonfinite_grads = list(engine.nonfinite_grads)
         else:  # a non-finite loss: the gradients are unclipped
-            result.nonfinite_grads = nonfinite_grads(engine.model)
+            result.nonfinite_grads = nonfinite_grad_names(engine.model)
         if result.skipped:
             engine.zero_grad()
     result.seconds = time.perf_counter() - start
@@ -132,23 +133,15 @@ def accumulate_gradients(
     return Accumulated(loss_sum, stats_sum, doc_lengths, tokens)
 
 
-def nonfinite_grads(model) -> list[str]:
-    """Names of the parameters whose (local shard of the) gradient holds a NaN or Inf."""
-    out = []
-    for name, p in model.named_parameters():
-        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-        if g is not None and not bool(torch.isfinite(g).all()):
-            out.append(name)
-    return out
-
-
 def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor, dict]:
     """One micro-batch (a dict of CPU tensors from titanloop.data): forward T loops, then the objective on the
     full sequence (gathered from the tp ranks under sequence parallelism). Returns (loss, statistics)."""
     cfg, mesh = run.cfg, run.mesh
-    input_ids = batch["input_ids"].to(mesh.device)
-    labels = batch["labels"].to(mesh.device)
-    doc_ids = batch["doc_ids"].to(mesh.device) if cfg.training.doc_masking else None
+    # pinned on CUDA (the loader's prefetch thread): the copies are asynchronous; the document ids stay on the host,
+    # where the model reads the document boundaries without waiting for the GPU
+    input_ids = batch["input_ids"].to(mesh.device, non_blocking=True)
+    labels = batch["labels"].to(mesh.device, non_blocking=True)
+    doc_ids = batch["doc_ids"] if cfg.training.doc_masking else None
 
     def forward_and_objective(model):
         out = model(input_ids, n_loops, doc_ids=doc_ids)

@@ -166,7 +166,7 @@ def measure_step(
             model.to_empty(device=mesh.device)
         else:
             init_weights(model, mesh.device)
-        optimizers = build_optimizer(cfg.optimizer, model, mesh.dims.tp)
+        optimizers = build_optimizer(cfg.optimizer, model, mesh.dims.tp, "cuda" if fake else mesh.device_type)
         lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, t.steps, optimizers)
         engine = FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)
         run = _fake_run(cfg, mesh, engine)

@@ -183,6 +183,7 @@ def build_data(cfg: TrainConfig, mesh: Mesh) -> PackedLoader:
         dp_world=mesh.dp_world,
         vocab_size=cfg.looplm.vocab_size,
         batch_schedule=ramp.batch_at if ramp else None,
+        pin_memory=mesh.device_type == "cuda",
     )
 
 

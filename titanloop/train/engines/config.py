@@ -14,7 +14,8 @@ from titanloop.parallel.float8 import Float8Section
 from titanloop.recipe.schedule_checks import check_schedule
 
 ENGINES = ("fsdp2", "deepspeed")
-AC_MODES = ("none", "layer", "loop")
+AC_MODES = ("none", "selective", "layer", "loop")  # from the least recomputation to the least memory
+OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")
 RESHARD_LOOPED = ("never", "always")
 ZERO_STAGES = (2, 3)
 ZERO_OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -27,9 +28,13 @@ class OptimizerSection:
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.1
     eps: float = 1e-8
+    # auto: fused (one kernel per step) on CUDA without tensor parallelism, else foreach (fused needs one device
+    # and one mesh: TP mixes DTensor and plain parameters); the CPU default stays foreach (its numbers unchanged)
+    implementation: str = "auto"
 
     def validate(self):
         require_choice(self.name, "optimizer.name", ("AdamW", "Adam"))
+        require_choice(self.implementation, "optimizer.implementation", OPTIMIZER_IMPLEMENTATIONS)
         require(self.lr > 0, "optimizer.lr", self.lr, "a learning rate > 0")
         require(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
@@ -42,6 +47,15 @@ class OptimizerSection:
     def kwargs(self) -> dict:
         """The AdamW hyper-parameters (both engines)."""
         return {"lr": self.lr, "betas": tuple(self.betas), "weight_decay": self.weight_decay, "eps": self.eps}
+
+    def resolved_implementation(self, device_type: str, tp: int) -> str:
+        """The implementation a run uses: `implementation`, or for auto fused on CUDA without TP, else foreach;
+        TP always takes for-loop (its parameters live on two meshes, which foreach and fused cannot group)."""
+        if tp > 1:
+            return "for-loop"
+        if self.implementation == "auto":
+            return "fused" if device_type == "cuda" else "foreach"
+        return self.implementation
 
 
 @dataclass
@@ -67,7 +81,9 @@ class ParallelismSection:
     tp: int = 1  # tensor-parallel degree (second mesh dimension)
     sequence_parallel: bool = True  # shard norms/residual stream over the sequence under TP
     reshard_looped: str = "never"  # FSDP for the looped stack: never = all-gather once per step (see docs)
-    activation_checkpoint: str = "none"  # none | layer | loop
+    # none | selective (per layer: matmul and attention outputs saved, the rest recomputed) | layer (each layer's
+    # input saved, its internals recomputed) | loop (each loop's input saved, the whole stack recomputed)
+    activation_checkpoint: str = "none"
     compile: bool = False  # torch.compile each decoder layer (compiled once, reused for every loop)
     compile_backend: str = "inductor"
 

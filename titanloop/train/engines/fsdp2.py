@@ -11,11 +11,11 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import is_fake
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
-from torchtitan.distributed import utils as dist_utils
 
 from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gradient_sync
 from titanloop.parallel.float8 import precompute_scales, uses_float8_all_gather
 from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
+from titanloop.parallel.grad_norm import nonfinite_grad_names, total_grad_norm
 from titanloop.recipe.schedules import StagedLRSchedulers
 from titanloop.train.engines.base import build_lr_schedulers, init_weights
 from titanloop.train.engines.config import EngineSettings, OptimizerSection
@@ -44,26 +44,22 @@ class FSDP2Engine:
 
     def step(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # Per-gradient norms of the local shards before clipping (one foreach kernel, no host sync): with a NaN/Inf
-        # total norm, clipping spreads it to every gradient, so this is what says which gradient went bad.
-        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
-        local = [g.to_local() if hasattr(g, "to_local") else g for _, g in named]
-        per_grad = torch._foreach_norm(local) if local else []
-        if self.mixed_meshes:
+        if self.mixed_meshes:  # (scales nothing when the norm is non-finite: the gradients stay as they were)
             grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
         else:
-            grad_norm = dist_utils.clip_grad_norm_(params, max_norm, foreach=True)
+            grad_norm = total_grad_norm(params)
         self.nonfinite_grads = []
-        # The norm is reduced over all ranks: every rank takes the same branch. On fake tensors (the dry run's
-        # memory plan) the value is unknown and the step is planned as a finite one.
+        # The norm is reduced over all ranks: every rank takes the same branch (one device-to-host read per step).
+        # On fake tensors (the dry run's memory plan) the value is unknown and the step is planned as a finite one.
         if is_fake(grad_norm) or torch.isfinite(grad_norm):
+            if not self.mixed_meshes:
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm, foreach=True)
             self.optimizers.step()
             self.lr_schedulers.step()
             if self.float8_all_gather:  # the next all-gathers' float8 scales, one all-reduce for all weights
                 precompute_scales(self.model)
-        elif per_grad:
-            finite = torch.isfinite(torch.stack(per_grad)).tolist()
-            self.nonfinite_grads = [name for (name, _), ok in zip(named, finite) if not ok]
+        else:  # which local gradients went bad (they are unclipped: a non-finite norm scales nothing)
+            self.nonfinite_grads = nonfinite_grad_names(self.model)
         return grad_norm
 
     def lr(self) -> float:
@@ -96,17 +92,17 @@ def parallelize(
         # JSRR's forward-mode AD runs per-document SDPA (math), outside the graph
         compile_fullgraph=False if e.forward_ad else None,
         float8=e.float8.recipe,
+        float8_filter=e.float8.filter,
         float8_emulate=(device_type or mesh.device_type) != "cuda",
     )
     model.train()
     return model
 
 
-def build_optimizer(o: OptimizerSection, model: nn.Module, tp: int) -> OptimizersContainer:
+def build_optimizer(o: OptimizerSection, model: nn.Module, tp: int, device_type: str = "cpu") -> OptimizersContainer:
     config = OptimizersContainer.Config(
         param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=o.name, optimizer_kwargs=o.kwargs())],
-        # TP mixes DTensor and plain parameters, which the foreach/fused kernels cannot group.
-        implementation="for-loop" if tp > 1 else "foreach",
+        implementation=o.resolved_implementation(device_type, tp),
     )
     return config.build(model_parts=[model])
 
@@ -122,6 +118,6 @@ def build_fsdp2_engine(
     its optimizer and LR schedule."""
     model = parallelize(e, model, mesh, param_dtype)
     init_weights(model, mesh.device, load_weights)
-    optimizers = build_optimizer(e.optimizer, model, mesh.dims.tp)
+    optimizers = build_optimizer(e.optimizer, model, mesh.dims.tp, mesh.device_type)
     lr_schedulers = build_lr_schedulers(e.lr_scheduler, e.steps, optimizers)
     return FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)
