@@ -1,5 +1,5 @@
 """A DeepSpeed-native ZeRO-3 checkpoint (engine.save_checkpoint on 2 ranks, written by titanloop's DeepSpeedEngine
-in tests/deepspeed_native_driver.py) -> `python -m titanloop.interchange.zero_checkpoint` -> a titanloop DCP
+in tests/deepspeed_native_driver.py) -> `python -m titanloop.train.zero_import` -> a titanloop DCP
 checkpoint -> the Ouro HF export, checked against the independent Ouro forward of tests/test_interchange.py;
 and upcycling (stage.init_from + upcycle = "stack") from the imported checkpoint."""
 
@@ -44,7 +44,7 @@ def imported(tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "titanloop.interchange.zero_checkpoint",
+            "titanloop.train.zero_import",
             str(ds_dir),
             "--config",
             DEBUG,
@@ -103,7 +103,7 @@ def test_bad_input_is_one_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "titanloop.interchange.zero_checkpoint",
+            "titanloop.train.zero_import",
             str(tmp_path),
             "--config",
             DEBUG,

@@ -4,7 +4,7 @@ A circle among modules works only while one of its imports sits inside a functio
 moves it to the top. The graph below is read from the source (ast), so it sees function-level imports:
 - `import titanloop.x` / `from titanloop.x import name`: an edge to titanloop.x.name when that is a module,
   else to titanloop.x;
-- imports under `if TYPE_CHECKING:` are annotations only and do not count;
+- imports under `if TYPE_CHECKING:` count too: a circle of annotations is still a circle of knowledge (issue 37);
 - an edge from a module to one of its own parent packages does not count (the package's __init__ runs before
   any of its submodules, whoever imports them).
 A second test keeps function-level imports of titanloop's own modules to an explicit, justified list.
@@ -28,14 +28,6 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return skip
-
-
 def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, tuple[int, bool]]]:
     """module -> {imported module: (line, inside a function)}."""
 
@@ -47,13 +39,12 @@ def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, tuple[int, bool]]
     edges: dict[str, dict[str, tuple[int, bool]]] = {m: {} for m in mods}
     for mod, path in mods.items():
         tree = ast.parse(path.read_text())
-        skip = _type_checking_nodes(tree)
         in_function = {
             id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
         }
         package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         for node in ast.walk(tree):
-            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -143,3 +134,23 @@ def test_every_function_level_import_of_titanloop_says_why():
                     if "#" not in here and not above.startswith("#") and not above.startswith("from titanloop"):
                         missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing, f"function-level imports of titanloop modules without a reason: {missing}"
+
+
+def test_no_module_below_the_trainer_imports_its_config():
+    """The training config lists the sections; the code they configure lives below it and receives its own
+    section, never the whole TrainConfig: no module outside titanloop.train imports titanloop.train.config."""
+    edges = import_edges(_modules())
+    offenders = [
+        m for m, deps in edges.items() if "titanloop.train.config" in deps and not m.startswith("titanloop.train")
+    ]
+    assert not offenders, f"modules below the trainer importing titanloop.train.config: {offenders}"
+
+
+def test_the_checker_counts_annotation_only_imports(tmp_path):
+    pkg = tmp_path / "titanloop"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from titanloop.b import g\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from titanloop.a import f\n")
+    mods = {"titanloop": pkg / "__init__.py", "titanloop.a": pkg / "a.py", "titanloop.b": pkg / "b.py"}
+    assert circles(import_edges(mods)) == [["titanloop.a", "titanloop.b"]]

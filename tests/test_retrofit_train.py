@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "train_configs" / "ouroboros_retrofit.toml"
 STEPS = 10
-RETROFIT = {"n_prelude": 2, "recurrent_layer": 3, "n_coda": 1, "lora_rank": 4, "style_dim": 8, "max_loops": 4}
+RETROFIT = {"n_prelude": 2, "recurrent_layer": 3, "n_coda": 1, "lora_rank": 4, "style_dim": 8}
+MAX_LOOPS = 4  # a [model] key of a retrofit run (its loop settings' one home)
 
 
 def _args(hf: Path, run_dir: Path) -> list[str]:
@@ -66,7 +67,7 @@ def _args(hf: Path, run_dir: Path) -> list[str]:
     ]
     for k, v in RETROFIT.items():
         args += [f"--retrofit.{k}", str(v)]
-    return args
+    return args + ["--model.max_loops", str(MAX_LOOPS)]
 
 
 def _launch(hf: Path, run_dir: Path) -> subprocess.Popen:
@@ -135,7 +136,7 @@ def runs(tmp_path_factory):
 def test_only_extras_train_and_are_counted(runs):
     tmp, _ = runs
     log = _log(tmp / "uninterrupted")
-    base = load_retrofit(RetrofitConfig(hf_path=str(tmp / "dense"), **RETROFIT, n_loops=2))
+    base = load_retrofit(RetrofitConfig(hf_path=str(tmp / "dense"), **RETROFIT, n_loops=2, max_loops=MAX_LOOPS))
     trainable, frozen = base.param_counts()
     assert f"{trainable:,} trainable parameters, {frozen:,} frozen" in log
     trained = load_retrofit_checkpoint(tmp / "uninterrupted" / "checkpoints")

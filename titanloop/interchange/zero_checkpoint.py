@@ -1,7 +1,8 @@
-"""Import a DeepSpeed-native ZeRO checkpoint (`engine.save_checkpoint`, e.g. from a DeepSpeed-based codebase
-such as Ouroboros) as a titanloop checkpoint: model weights only, in the DCP layout of titanloop.checkpoint.
+"""Read a DeepSpeed-native ZeRO checkpoint (`engine.save_checkpoint`, e.g. from a DeepSpeed-based codebase
+such as Ouroboros) as LoopLM weights; `python -m titanloop.train.zero_import` writes them as a titanloop
+checkpoint (model weights only, in the DCP layout of titanloop.checkpoint):
 
-    python -m titanloop.interchange.zero_checkpoint DS_DIR --config train_configs/<x>.toml --out RUN_DIR [--tag T]
+    python -m titanloop.train.zero_import DS_DIR --config train_configs/<x>.toml --out RUN_DIR [--tag T]
 
 DS_DIR is the folder given to `save_checkpoint` (with `latest`) or one tag folder inside it. DeepSpeed's own
 consolidation (deepspeed.utils.zero_to_fp32, ZeRO stage 1-3, any world size) assembles the fp32 master
@@ -19,13 +20,11 @@ already (docs/engines.md).
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-from titanloop.config_errors import ConfigError, cli_errors
+from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM
 
 
@@ -116,50 +115,3 @@ def to_looplm_state(state: dict[str, torch.Tensor], model: LoopLM) -> dict[str, 
             "LoopLM: pass the training config of the model that was saved (--config)"
         )
     return out
-
-
-def import_zero_checkpoint(
-    ds_dir, config_path, out_run_dir, tag: str | None = None, overrides: list[str] | None = None
-) -> Path:
-    """Write the DeepSpeed checkpoint's weights as a titanloop checkpoint in out_run_dir; returns the step dir."""
-    # (the trainer's config module imports the model families, which import interchange: only this function, the
-    # checkpoint import, needs the trainer, so titanloop.interchange imports without it)
-    from titanloop.checkpoint import CheckpointConfig, Checkpointer, layout
-    from titanloop.train.config import load_config
-
-    cfg = load_config(config_path, overrides, world_size=1)
-    model = LoopLM(cfg.looplm)
-    with torch.no_grad():
-        model.load_state_dict(to_looplm_state(read_zero_fp32_state(ds_dir, tag), model), strict=True)
-    step = global_step(ds_dir, tag)
-    ckpt = Checkpointer(
-        CheckpointConfig(enable=True, mode="sync"),
-        out_run_dir,
-        {"model": model},
-        config=cfg.to_dict(),
-        stage=cfg.stage.name or None,
-    )
-    ckpt.save(step, sync=True)
-    ckpt.close()
-    return Path(out_run_dir) / CheckpointConfig.folder / layout.step_dir_name(step)
-
-
-@cli_errors
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m titanloop.interchange.zero_checkpoint",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("ds_dir", help="DeepSpeed checkpoint folder (with `latest`) or one of its tag folders")
-    p.add_argument("--config", required=True, help="training config (TOML) of the saved model")
-    p.add_argument("--out", required=True, help="run dir to write <out>/checkpoints/step-N into")
-    p.add_argument("--tag", default=None, help="checkpoint tag (default: the one named in `latest`)")
-    args, overrides = p.parse_known_args(argv)
-    step_dir = import_zero_checkpoint(args.ds_dir, args.config, args.out, args.tag, overrides)
-    print(f"wrote {step_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

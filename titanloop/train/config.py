@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
+import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from titanloop.checkpoint.config import CheckpointConfig
 from titanloop.config_errors import ConfigError, require
-from titanloop.config_fields import build_section, parse_literal
+from titanloop.config_fields import build_section, parse_section_overrides, read_toml, refuse_moved
 from titanloop.data.config import DataConfig
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.data.synthetic_tasks import build_task
@@ -129,48 +128,7 @@ SECTIONS = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "source
 
 def parse_overrides(args: list[str]) -> dict[str, dict]:
     """["--training.steps", "10", "--data.kind=mds"] -> {"training": {"steps": 10}, "data": {"kind": "mds"}}."""
-    out: dict[str, dict] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or "." not in arg:
-            raise ConfigError(
-                f"argument {arg!r} is invalid: expected --<section>.<key> <value> with a section in {SECTIONS}"
-            )
-        if "=" in arg:
-            key, text = arg[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError(f"argument {arg!r} has no value: expected {arg} <value>")
-            key, text = arg[2:], args[i + 1]
-            i += 2
-        section, name = key.split(".", 1)
-        if section not in SECTIONS:
-            raise ConfigError(f"argument --{key} names unknown section {section!r}: expected one of {SECTIONS}")
-        out.setdefault(section, {})[name] = parse_literal(text)
-    return out
-
-
-def _read_toml(path) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist: pass --config train_configs/<name>.toml")
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
-
-
-def _refuse_moved(raw: dict) -> None:
-    for old, new in MOVED.items():
-        section, key = old.split(".")
-        if key in raw.get(section, {}):
-            new_section, new_key = new.split(".")
-            raise ConfigError(
-                f"{old} has moved to {new}: set `{new_key} = {raw[section][key]!r}` under [{new_section}] "
-                f"(or --{new} on the command line) and remove {old}"
-            )
+    return parse_section_overrides(args, SECTIONS)
 
 
 def load_config(
@@ -181,7 +139,7 @@ def load_config(
     world_size (default: $WORLD_SIZE, else 1) is checked against the parallelism section here, so a bad
     mesh fails before torch.distributed is initialized.
     """
-    raw: dict = _read_toml(path) if path is not None else {}
+    raw: dict = read_toml(path) if path is not None else {}
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"config has unknown section(s) {unknown}: allowed sections are {SECTIONS}")
@@ -190,17 +148,13 @@ def load_config(
     for section, values in raw.items():
         if not isinstance(values, dict):
             raise ConfigError(f"config entry {section!r} must be a [section] table")
-    _refuse_moved(raw)
-    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    sections = {name: build_section(name, _section_class(types[name]), raw.get(name, {})) for name in SECTIONS}
+    refuse_moved(raw, MOVED)
+    classes = typing.get_type_hints(TrainConfig)  # section name -> its dataclass
+    sections = {name: build_section(name, classes[name], raw.get(name, {})) for name in SECTIONS}
     cfg = TrainConfig(**sections, source=str(path) if path is not None else None)
     cfg.validation.validate(cfg.data)
     validate_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size)
     return cfg
-
-
-def _section_class(annotation):
-    return annotation if isinstance(annotation, type) else globals()[annotation]
 
 
 def validate_layout(cfg: TrainConfig, world_size: int) -> None:
