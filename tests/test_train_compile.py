@@ -118,7 +118,7 @@ def test_bf16_params_with_fp32_reduce_follow_fp32(runs):
     step1 = abs(bf16[1]["loss"] - fp32[1]["loss"]) / fp32[1]["loss"]
     assert step1 <= BF16_STEP1_RTOL, step1
     # the updates reach the weights: bf16 follows fp32 far more closely than a bf16 run whose updates are lost
-    # (that fp32 reduction is what the policy does is checked in tests/test_mixed_precision.py)
+    # (that fp32 reduction is what the policy does is checked in tests/test_parallel_mixed_precision.py)
     later = range(2, STEPS + 1)
     bf16_gap = sum(abs(bf16[s]["loss"] - fp32[s]["loss"]) for s in later) / len(later)
     frozen_gap = sum(abs(frozen[s]["loss"] - fp32[s]["loss"]) for s in later) / len(later)

@@ -62,7 +62,7 @@ BF16_U = 2.0**-8  # unit roundoff of bfloat16 (8 significand bits): |round(x) - 
 # in a decoder layer, so the error may be up to ~4x the weights-only error if they add up in the same direction.
 BF16_SITES = 4.0
 READOUT_FACTOR = 2.0  # the readout may round at other points than the naive bf16 computation, not more often
-MEMORY_PLAN_RTOL = 0.15  # the plan's stated accuracy (tests/test_memory_plan.py checks it on CPU)
+MEMORY_PLAN_RTOL = 0.15  # the plan's stated accuracy (tests/test_train_memory_plan.py checks it on CPU)
 FLOAT8_LOSS_RTOL = 0.03  # float8 vs bf16 loss at the same step (a-priori allowance, see docs/scaling.md)
 MIN_LEARNED = 0.10  # the bf16 run's loss must fall by this fraction, else float8 vs bf16 judges nothing
 LOSS_WINDOW = 4  # logged steps averaged at the end of a run (log_freq 5: the last 20 steps)
