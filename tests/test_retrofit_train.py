@@ -18,6 +18,7 @@ import torch
 from titanloop.checkpoint import layout
 from titanloop.retrofit import RetrofitConfig
 from titanloop.retrofit.checkpoint import load_retrofit_checkpoint
+from titanloop.retrofit.config import LOOP_KEYS
 from titanloop.retrofit.hf_import import load_retrofit
 
 from launch import SMALL_BATCH, Launch, metrics, start
@@ -43,7 +44,8 @@ def _launch(hf: Path, run_dir: Path) -> Launch:
         "metrics.wandb": "off",
         "metrics.log_freq": 1,
         "metrics.count_comms": True,
-        **{f"retrofit.{k}": v for k, v in RETROFIT.items()},
+        # the loop settings (max_loops) are [model] keys, the rest [retrofit]'s
+        **{f"{'model' if k in LOOP_KEYS else 'retrofit'}.{k}": v for k, v in RETROFIT.items()},
     }
     return start(run_dir, overrides, config=CONFIG)
 
