@@ -30,7 +30,7 @@ NOTE = (
     "(training.max_norm 0), the drift was ~10x smaller but present). FSDP2 on 1 vs 2 ranks shares FSDP2's "
     "code path and stays much closer; it shows that the drift is not in the data or the loop. After ~10 "
     "steps single grad-norm values differ a lot (spikes), the loss stays close: "
-    "tests/test_engine_deepspeed.py bounds per-step values through step 10 and the loss plus the mean grad "
+    "tests/test_train_engine_deepspeed.py bounds per-step values through step 10 and the loss plus the mean grad "
     "norm over steps 11-20."
 )
 RUNS = {

@@ -132,8 +132,8 @@ def write(args, rows, stage_rows, notes) -> None:
             "underestimates with per-loop AC.",
             "Gradients show 0 at the peak: the peak is inside forward/backward, when the previous step's sharded "
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
-            "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_memory_plan.py (bf16 + "
-            "fp32 reduce, per-loop AC, document masking; the band is in the test).",
+            "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_train_memory_plan.py "
+            "(bf16 + fp32 reduce, per-loop AC, document masking; the band is in the test).",
             "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
             "(planned eager); document masking (planned as causal attention, same memory with flash varlen).",
         ],

@@ -176,8 +176,8 @@ def main(argv=None) -> int:
             "layers per step, whatever the number of micro-batches. The sum is the same gradient (the 8-rank "
             "parity test, tests/test_parallel_8rank.py, accumulates 2 micro-batches per rank); the stage rows "
             "include the surcharge.",
-            "The counter is checked against a hand count (tests/test_mixed_precision.py: debug model, 2 ranks, "
-            "2 layers: all-gather 2 B and reduce-scatter 4 B per padded parameter element, exactly). Until "
+            "The counter is checked against a hand count (tests/test_parallel_mixed_precision.py: debug model, 2 "
+            "ranks, 2 layers: all-gather 2 B and reduce-scatter 4 B per padded parameter element, exactly). Until "
             "2026-11-25 it counted FSDP2's all-gather twice (its all_gather_single wrapper and the c10d op "
             "the dispatcher also sees), so earlier all-gather figures were 2x high; the reduce-scatter "
             "figures were right (the 'open question' of 2026-11-24: reduce-scatter equal to the bf16 "

@@ -51,6 +51,20 @@ def override_args(overrides: dict) -> list[str]:
     return args
 
 
+def torchrun(nproc: int, *args: str, rendezvous: list[str] | None = None) -> list[str]:
+    """`python -m torch.distributed.run --standalone --nproc_per_node=nproc ARGS` (ARGS: `-m module ...` or a script
+    and its arguments), with this interpreter. `rendezvous` replaces --standalone with other torchrun options, e.g.
+    ["--nnodes=2", "--node_rank=0", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400"]."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(["--standalone"] if rendezvous is None else rendezvous),
+        f"--nproc_per_node={nproc}",
+        *args,
+    ]
+
+
 def train(
     config: str | os.PathLike,
     run_dir: str | os.PathLike,
@@ -78,18 +92,7 @@ def train(
         "training.run_dir": str(run_dir),
     }
     overrides.setdefault("checkpoint.interval", int(overrides.get("training.steps", 10**9)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "titanloop.train",
-        "--config",
-        str(config),
-        *override_args(overrides),
-    ]
+    cmd = torchrun(nproc, "-m", "titanloop.train", "--config", str(config), *override_args(overrides))
     env = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -121,9 +124,10 @@ def train_many(jobs: list[tuple], parallel: int = 1, nproc: int = 1) -> list[Pat
 
 
 def metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The logged steps of a run (run_dir/metrics.jsonl): loss, per-loop ce, exit_prob, hidden_rms, ..."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The logged steps of a run (run_dir/metrics.jsonl): loss, per-loop ce, exit_prob, hidden_rms, ...; of a run
+    still writing it, the complete lines."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines(keepends=True)
+    return [json.loads(line) for line in lines if line.endswith("\n") and line.strip()]
 
 
 def load(run_dir: str | os.PathLike):

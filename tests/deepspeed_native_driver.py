@@ -1,6 +1,6 @@
 """Test driver (torchrun, 2 ranks): train the debug config's LoopLM 2 steps with titanloop's DeepSpeedEngine,
 then write a DeepSpeed-native checkpoint (engine.save_checkpoint, as DeepSpeed-based codebases do) and the
-engine's own full fp32 weights (reference.safetensors) for tests/test_engine_deepspeed_import.py.
+engine's own full fp32 weights (reference.safetensors) for tests/test_interchange_zero_checkpoint.py.
 
     torchrun --nproc_per_node 2 tests/deepspeed_native_driver.py OUT_DIR ZERO_STAGE
 """

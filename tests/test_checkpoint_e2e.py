@@ -14,95 +14,40 @@ import os
 import random
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
+from launch import REPO, Launch, next_log
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-DRIVER = ROOT / "tests" / "test_checkpoint_tinytrain.py"
+DRIVER = REPO / "tests" / "test_checkpoint_tinytrain.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Run:
+class Run(Launch):
     """One torchrun launch of the driver; its output goes to <run_dir>/launch-<n>.log."""
 
     def __init__(self, run_dir: Path, *args, nproc: int = 2):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        n = len(list(run_dir.glob("launch-*.log")))
-        self.log_path = run_dir / f"launch-{n}.log"
-        self.run_dir = run_dir
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            str(DRIVER),
-            "--run-dir",
-            str(run_dir),
-            *map(str, args),
-        ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
-            )
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def workers(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children()
+        driver_args = ["--run-dir", str(run_dir), *map(str, args)]
+        super().__init__(nproc, str(DRIVER), *driver_args, log=next_log(run_dir), run_dir=run_dir)
 
     def wait_step(self, step: int, timeout: float = 180) -> int:
         progress = self.run_dir / "progress"
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+
+        def reached() -> int | None:
             text = progress.read_text().strip() if progress.exists() else ""  # read once: the driver rewrites it
-            if text.isdigit() and int(text) >= step:
-                return int(text)
-            assert self.proc.poll() is None, f"run ended before step {step}:\n{self.log[-3000:]}"
-            time.sleep(0.02)
-        raise AssertionError(f"step {step} not reached in {timeout}s:\n{self.log[-3000:]}")
+            return int(text) if text.isdigit() and int(text) >= step else None
 
-    def wait(self, timeout: float = 240) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"run did not finish in {timeout}s:\n{self.log[-3000:]}")
-
-    def kill(self) -> None:
-        procs = [psutil.Process(self.proc.pid), *self.workers()]
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        psutil.wait_procs(procs, timeout=10)
+        return self.wait_until(reached, f"step {step}", timeout)
 
     def resumed_from(self) -> int | None:
-        line = next(ln for ln in self.log.splitlines() if ln.startswith("start step="))
+        line = next(ln for ln in self.out.splitlines() if ln.startswith("start step="))
         value = line.split("resumed_from=")[1].split()[0]
         return None if value == "None" else int(value)
 
     def preempted_at(self) -> int:
-        line = next(ln for ln in self.log.splitlines() if ln.startswith("preempted at step"))
+        line = next(ln for ln in self.out.splitlines() if ln.startswith("preempted at step"))
         return int(line.split()[3])
 
 
@@ -131,16 +76,15 @@ COMMON = ("--steps", STEPS, "--interval", INTERVAL, "--keep-last", 2, "--sleep",
 def test_bitwise_resume_after_usr1_term_and_kill(tmp_path):
     rng = random.Random(os.getpid())
     reference = Run(tmp_path / "uninterrupted", *COMMON)
-    assert reference.wait() == 0, reference.log[-3000:]
+    assert reference.finish() == 0, reference.out[-3000:]
 
     run_dir = tmp_path / "interrupted"
     events = []
     # 1. SIGUSR1 to the workers (what slurm/launch_node.sh does with the forwarded Slurm signal)
     run = Run(run_dir, *COMMON)
     run.wait_step(rng.randint(2, 4))
-    for w in run.workers():
-        w.send_signal(signal.SIGUSR1)
-    assert run.wait() != 0  # 75 from the workers, 1 from torchrun: "not finished, start me again"
+    run.signal_workers(signal.SIGUSR1)
+    assert run.finish() != 0  # 75 from the workers, 1 from torchrun: "not finished, start me again"
     stop = run.preempted_at()
     assert latest(run_dir) == stop
     events.append(("SIGUSR1", stop))
@@ -148,7 +92,7 @@ def test_bitwise_resume_after_usr1_term_and_kill(tmp_path):
     run = Run(run_dir, *COMMON)
     run.wait_step(stop + rng.randint(2, 3))
     run.proc.send_signal(signal.SIGTERM)
-    run.wait()
+    run.finish()
     assert run.resumed_from() == stop
     stop = run.preempted_at()
     assert latest(run_dir) == stop
@@ -163,7 +107,7 @@ def test_bitwise_resume_after_usr1_term_and_kill(tmp_path):
     events.append(("SIGKILL", killed_at))
     # 4. run to the end
     run = Run(run_dir, *COMMON)
-    assert run.wait() == 0, run.log[-3000:]
+    assert run.finish() == 0, run.out[-3000:]
     assert run.resumed_from() == fallback
     assert_identical(final_state(run_dir), final_state(tmp_path / "uninterrupted"))
     n_ckpt = sum(
@@ -180,15 +124,12 @@ def test_sigkill_during_save_resumes_from_previous_checkpoint(tmp_path):
     args = ("--steps", 6, "--interval", 2, "--hidden", 384, "--vocab", 4096)
     run = Run(tmp_path, *args)
     staging = tmp_path / "checkpoints" / ".staging-step-00000004"
-    deadline = time.time() + 240
-    while not staging.exists():
-        assert run.proc.poll() is None and time.time() < deadline, run.log[-3000:]
-        time.sleep(0.002)
+    run.wait_until(staging.exists, "the save of step 4", 240, poll=0.002)
     run.kill()  # mid-write of step 4
     assert latest(tmp_path) == 2, "the kill came too late: step 4 was already published"
     assert staging.exists()
     run = Run(tmp_path, *args)
-    assert run.wait() == 0, run.log[-3000:]
+    assert run.finish() == 0, run.out[-3000:]
     assert run.resumed_from() == 2  # never the partial step 4
     assert not staging.exists()
     assert latest(tmp_path) == 6
@@ -197,7 +138,7 @@ def test_sigkill_during_save_resumes_from_previous_checkpoint(tmp_path):
 def test_world_size_change_2_to_1_and_4(tmp_path):
     base = tmp_path / "w2"
     run = Run(base, "--steps", 6, "--interval", 3)
-    assert run.wait() == 0, run.log[-3000:]
+    assert run.finish() == 0, run.out[-3000:]
     manifest = json.loads((base / "checkpoints" / "step-00000006" / "titanloop.json").read_text())
     assert manifest["world_size"] == 2
     finals = {}
@@ -206,8 +147,8 @@ def test_world_size_change_2_to_1_and_4(tmp_path):
         shutil.copytree(base, run_dir)
         (run_dir / "final.pt").unlink()
         run = Run(run_dir, "--steps", 9, "--interval", 3, nproc=world)
-        assert run.wait() == 0, run.log[-3000:]
-        assert run.resumed_from() == 6 and f"world={world}" in run.log
+        assert run.finish() == 0, run.out[-3000:]
+        assert run.resumed_from() == 6 and f"world={world}" in run.out
         finals[world] = final_state(run_dir)
     saved = final_state(base)["losses"]
     one, four = finals[1], finals[4]

@@ -4,13 +4,12 @@ and resuming that state on 1 rank continues the uninterrupted global sequence.""
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from launch import run
+
 SEQ, MBS, GBS, STEPS = 16, 2, 8, 5
 
 
@@ -66,22 +65,7 @@ def test_two_gloo_ranks_then_resume_on_one(tmp_path):
         docs = ((np.append(rng.integers(1, 512, 40), 0), f"{name}{i}", 0, {}) for i in range(30))
         write_shard_set(str(tmp_path / name), "webdataset", name, docs, tok, shard_bytes=4000)
     out = tmp_path / "ranks.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        os.path.abspath(__file__),
-        "--shards",
-        str(tmp_path),
-        "--out",
-        str(out),
-    ]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run(2, os.path.abspath(__file__), "--shards", str(tmp_path), "--out", str(out), timeout=300)
     ranks = json.loads(out.read_text())
     assert ranks[0]["state"] == ranks[1]["state"], "global state must be identical on every rank"
     ids0, ids1 = set(map(int, ranks[0]["rows"])), set(map(int, ranks[1]["rows"]))

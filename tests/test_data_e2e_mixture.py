@@ -6,23 +6,18 @@ run reads (sample ids, sources, rows and token hashes from data.trace_samples)."
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
 
 from data_pipelines import tokenize
 from data_pipelines.sample_corpus import write_sample_corpus
 
+from launch import start
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 STEPS, GBS, MBS, SEQ, VOCAB = 8, 16, 4, 32, 400
 
 CONFIG = """
@@ -68,39 +63,6 @@ mode = "sync"
 log_freq = 1
 wandb = "off"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(config: Path, nproc: int, log: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "titanloop.train",
-        "--config",
-        str(config),
-    ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": str(ROOT),
-        "WANDB_MODE": "offline",
-    }
-    with open(log, "w") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
 
 def records(trace: Path) -> list[dict]:
@@ -151,23 +113,19 @@ def test_mixture_trains_on_2_ranks_preempted_resumed_on_1(shard_sets, tmp_path):
         )
     )
 
-    first = launch(config, 2, tmp_path / "launch-0.log")
-    deadline = time.time() + 240
-    while not any(r["step"] >= 3 for r in records(trace) if trace.exists()):
-        assert first.poll() is None, (tmp_path / "launch-0.log").read_text()[-3000:]
-        assert time.time() < deadline, "step 3 not reached"
-        time.sleep(0.1)
-    for w in psutil.Process(first.pid).children():
-        w.send_signal(signal.SIGUSR1)
-    assert first.wait(120) != 0
-    log0 = (tmp_path / "launch-0.log").read_text()
+    # the run dir and the trace folder are the config's
+    first = start(None, config=config, nproc=2, log=tmp_path / "launch-0.log")
+    first.wait_until(lambda: trace.exists() and any(r["step"] >= 3 for r in records(trace)), "step 3", 240, 0.1)
+    first.signal_workers(signal.SIGUSR1)
+    assert first.finish(120) != 0
+    log0 = first.out
     stop = int(
         next(ln for ln in log0.splitlines() if "preempted at step" in ln).split("preempted at step")[1].split()[0]
     )
     assert 1 <= stop < STEPS
 
-    second = launch(config, 1, tmp_path / "launch-1.log")
-    assert second.wait(300) == 0, (tmp_path / "launch-1.log").read_text()[-3000:]
+    second = start(None, config=config, nproc=1, log=tmp_path / "launch-1.log")
+    assert second.finish(300) == 0, second.out[-3000:]
     before = [r for r in records(trace) if r["world"] == 2]
     after = [r for r in records(trace) if r["world"] == 1]
 

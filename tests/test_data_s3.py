@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,15 +15,10 @@ from data_pipelines.sample_corpus import write_sample_corpus
 from titanloop.data import DataConfig, ShardError, SourceConfig, build_dataloader
 from titanloop.data.shards import ShardFetcher
 
-ROOT = Path(__file__).resolve().parents[1]
+from launch import free_port, train
+
 SEQ, MBS, GBS, VOCAB = 32, 2, 8, 400
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -121,48 +112,20 @@ def test_s3_reads_and_resumes_the_same_samples_as_local_disk(s3):
 @pytest.mark.slow
 def test_torchrun_trains_from_s3_on_the_local_samples(s3, tmp_path):
     trace = tmp_path / "trace"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "1",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "titanloop.train",
-        "--config",
-        "train_configs/debug.toml",
-        "--training.steps",
-        "3",
-        "--training.seq_len",
-        str(SEQ),
-        "--training.micro_batch_size",
-        str(MBS),
-        "--training.global_batch_size",
-        str(GBS),
-        "--model.vocab_size",
-        str(VOCAB),
-        "--data.kind",
-        "mds",
-        "--data.seed",
-        "2",
-        "--data.shuffle_block",
-        "4",
-        "--data.trace_samples",
-        str(trace),
-        "--data.sources",
-        f'[{{path = "{s3["remote"]}"}}]',
-        "--training.run_dir",
-        str(tmp_path / "run"),
-        "--metrics.log_freq",
-        "1",
-    ]
-    env = {**os.environ, **s3["env"], "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    overrides = {
+        "training.steps": 3,
+        "training.seq_len": SEQ,
+        "training.micro_batch_size": MBS,
+        "training.global_batch_size": GBS,
+        "model.vocab_size": VOCAB,
+        "data.kind": "mds",
+        "data.seed": 2,
+        "data.shuffle_block": 4,
+        "data.trace_samples": str(trace),
+        "data.sources": [{"path": s3["remote"]}],
+        "metrics.log_freq": 1,
+    }
+    train(tmp_path / "run", overrides, nproc=1, env=s3["env"])
     trained = [json.loads(ln) for ln in (trace / "rank-0.jsonl").read_text().splitlines()]
     ref_dir = tmp_path / "reference"
     ld = build_dataloader(

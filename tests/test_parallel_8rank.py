@@ -15,75 +15,38 @@ run accumulates 4 micro-batches), and the seeded init gives both the same full w
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from launch import train
+
 STEPS = 10
 STEP1_TOL = 1e-5  # loss (abs) and gradient norm (rel) before any optimizer step
 LOSS_TOL = 1e-3  # steps 2-10 (abs)
 GRAD_NORM_RTOL = 2e-3  # steps 2-10 (rel)
-COMMON = [
-    "--config",
-    str(REPO / "train_configs" / "debug.toml"),
-    "--training.seq_len",
-    "32",
-    "--training.global_batch_size",
-    "8",
-    "--training.steps",
-    str(STEPS),
-    "--metrics.log_freq",
-    "1",
-    "--lr_scheduler.warmup_steps",
-    "2",
-    "--checkpoint.enable",
-    "false",
-]
+COMMON = {
+    "training.seq_len": 32,
+    "training.global_batch_size": 8,
+    "training.steps": STEPS,
+    "metrics.log_freq": 1,
+    "lr_scheduler.warmup_steps": 2,
+    "checkpoint.enable": False,
+}
 
 pytestmark = pytest.mark.slow
 
 
-def _run(nproc: int, run_dir: Path, *extra: str) -> dict[int, dict]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "titanloop.train",
-        *COMMON,
-        "--training.run_dir",
-        str(run_dir),
-        *extra,
-    ]
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = {}
-    for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
-        out[rec["step"]] = rec
-    assert sorted(out) == list(range(1, STEPS + 1)), sorted(out)
-    return out, proc.stdout
+def _run(nproc: int, run_dir, overrides: dict) -> tuple[dict[int, dict], str]:
+    run = train(run_dir, {**COMMON, **overrides}, nproc=nproc)
+    assert sorted(run.by_step) == list(range(1, STEPS + 1)), sorted(run.by_step)
+    return run.by_step, run.stdout
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("eight")
-    one, _ = _run(1, root / "one", "--training.micro_batch_size", "2")  # 4 micro-batches accumulated
+    one, _ = _run(1, root / "one", {"training.micro_batch_size": 2})  # 4 micro-batches accumulated
     # 2 micro-batches accumulated per rank: FSDP2's no-sync accumulation under TP is part of what is compared
-    eight, out = _run(8, root / "eight", "--training.micro_batch_size", "1", "--parallelism.tp", "2")
+    eight, out = _run(8, root / "eight", {"training.micro_batch_size": 1, "parallelism.tp": 2})
     return one, eight, out
 
 

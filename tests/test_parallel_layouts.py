@@ -16,17 +16,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-DEBUG = str(REPO / "train_configs" / "debug.toml")
+from launch import SMALL_BATCH, free_port, multinode, start, train
+
 STEPS = 4  # parity window
 # fp32 everywhere; the layouts differ only in reduction order (FSDP reduce-scatter, TP partial sums,
 # per-rank micro-batches vs gradient accumulation). Compared with 1 process at every step, the largest
@@ -35,68 +28,22 @@ STEPS = 4  # parity window
 LOSS_TOL = 2e-5
 GRAD_NORM_RTOL = 5e-5
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a real W&B key (40 hex chars)
-TINY = [
-    "--training.seq_len",
-    "32",
-    "--training.micro_batch_size",
-    "2",
-    "--training.global_batch_size",
-    "4",
-    "--training.steps",
-    str(STEPS),
-    "--metrics.log_freq",
-    "1",
-    "--lr_scheduler.warmup_steps",
-    "1",
-    "--metrics.count_comms",
-    "true",
-]
+ENV = {"WANDB_API_KEY": FAKE_KEY}
+TINY = {
+    **SMALL_BATCH,
+    "training.steps": STEPS,
+    "metrics.log_freq": 1,
+    "lr_scheduler.warmup_steps": 1,
+    "metrics.count_comms": True,
+}
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env() -> dict:
-    return dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        WANDB_MODE="offline",
-        WANDB_API_KEY=FAKE_KEY,
-        WANDB_SILENT="true",
-        PYTHONUNBUFFERED="1",
-    )
-
-
-def launch(nproc: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """One single-node torchrun launcher (--standalone: c10d rendezvous on a free localhost port)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "titanloop.train",
-        "--config",
-        DEBUG,
-        *TINY,
-        "--training.run_dir",
-        str(run_dir),
-        *overrides,
-    ]
-    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-
-
-def metrics(run_dir: Path, skip: int = 0) -> dict[int, dict]:
-    """step -> {"loss", "skipped_steps", "comms": {kind: count}} from rank 0's metrics.jsonl (after `skip`
-    lines written by earlier launches in the same run dir)."""
+def metrics(rows: list[dict]) -> dict[int, dict]:
+    """step -> {"loss", "grad_norm", "skipped_steps", "comms": {kind: count}} of rank 0's metrics.jsonl rows."""
     out = {}
-    for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()[skip:]):
+    for rec in rows:
         comms = {k[5:]: v for k, v in rec.items() if k.startswith("comm/")}
         out[rec["step"]] = {
             "loss": rec["loss"],
@@ -107,72 +54,41 @@ def metrics(run_dir: Path, skip: int = 0) -> dict[int, dict]:
     return out
 
 
-def check(proc):
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
     layouts = {
-        "1 proc": (1, []),
+        "1 proc": (1, {}),
         # + a NaN on the last rank at step 5 (after the parity window), W&B offline
-        "2-proc FSDP": (
-            2,
-            ["--training.steps", "6", "--training.inject_nan_steps", "[5]", "--metrics.wandb", "online"],
-        ),
-        "2-proc TP": (2, ["--parallelism.tp", "2"]),
-        "4-proc 2x2 FSDPxTP": (4, ["--parallelism.tp", "2"]),
+        "2-proc FSDP": (2, {"training.steps": 6, "training.inject_nan_steps": [5], "metrics.wandb": "online"}),
+        "2-proc TP": (2, {"parallelism.tp": 2}),
+        "4-proc 2x2 FSDPxTP": (4, {"parallelism.tp": 2}),
     }
     results = {"dirs": {}, "out": {}}
     for name, (nproc, extra) in layouts.items():
         run_dir = root / name.replace(" ", "_")
-        proc = launch(nproc, run_dir, *extra)
-        check(proc)
-        results[name] = metrics(run_dir)
-        results["dirs"][name], results["out"][name] = run_dir, proc.stdout + proc.stderr
+        run = train(run_dir, {**TINY, **extra}, nproc=nproc, env=ENV, timeout=300)
+        results[name] = metrics(run.rows)
+        results["dirs"][name], results["out"][name] = run_dir, run.out
 
     # Two launchers, --nnodes 2, one process each, in the 2-proc FSDP run dir (a resumed job for W&B).
     # Looped layers resharded after every use (same arithmetic, more all-gathers); NaN at steps 5 and 6.
     run_dir = results["dirs"]["2-proc FSDP"]
-    before = len((run_dir / "metrics.jsonl").read_text().splitlines())
     port = free_port()
-    procs = []
-    for node_rank in range(2):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc_per_node=1",
-            f"--node_rank={node_rank}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=titanloop-test",
-            "-m",
-            "titanloop.train",
-            "--config",
-            DEBUG,
-            *TINY,
-            "--training.run_dir",
-            str(run_dir),
-            "--parallelism.reshard_looped",
-            "always",
-            "--training.steps",
-            "10",
-            "--training.inject_nan_steps",
-            "[5, 6]",
-            "--training.max_nan_steps",
-            "2",
-            "--metrics.wandb",
-            "online",
-        ]
-        procs.append(
-            subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
-    results["multinode_out"] = [p.communicate(timeout=300)[0] for p in procs]
-    results["multinode_rc"] = [p.returncode for p in procs]
-    results["multinode"] = metrics(run_dir, skip=before)
+    overrides = {
+        **TINY,
+        "parallelism.reshard_looped": "always",
+        "training.steps": 10,
+        "training.inject_nan_steps": [5, 6],
+        "training.max_nan_steps": 2,
+        "metrics.wandb": "online",
+    }
+    nodes = [
+        start(run_dir, overrides, nproc=1, env=ENV, rendezvous=multinode(2, node_rank, port)) for node_rank in range(2)
+    ]
+    results["multinode_rc"] = [node.finish(timeout=300) for node in nodes]
+    results["multinode_out"] = [node.out for node in nodes]
+    results["multinode"] = metrics(nodes[0].rows())
 
     table = ["| layout | loss step 1 | loss step 4 | collectives per step |", "|---|---|---|---|"]
     for name in [*layouts, "multinode"]:

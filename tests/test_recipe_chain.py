@@ -5,11 +5,7 @@ length, RoPE base, schedule, upcycling and the exit-gate Stage II."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +19,8 @@ from titanloop.recipe.stages import StageSection, previous_stage_state
 from titanloop.recipe.upcycle import upcycle_state_dict
 from titanloop.train.config import load_config
 from titanloop.objectives import loop_objective
+
+from launch import Finished, metrics, train
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ROOT / "train_configs" / "tiny_chain"
@@ -39,26 +37,13 @@ ORDER = [
 pytestmark = pytest.mark.slow
 
 
-def _train(workdir: Path, stage: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "titanloop.train",
-        "--config",
-        str(CHAIN / f"{stage}.toml"),
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+def _train(workdir: Path, stage: str, nproc: int, overrides: dict | None = None, check: bool = True) -> Finished:
+    """A stage's config as shipped, from `workdir` (its run dir and init_from are relative to it)."""
+    return train(None, overrides, nproc=nproc, config=CHAIN / f"{stage}.toml", cwd=workdir, check=check)
 
 
 def _metrics(workdir: Path, stage: str) -> list[dict]:
-    path = workdir / "runs" / "tiny_chain" / stage / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return metrics(workdir / "runs" / "tiny_chain" / stage)
 
 
 def _ckpt(workdir: Path, stage: str) -> Path:
@@ -70,8 +55,7 @@ def chain(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("chain")
     table = []
     for stage, nproc in ORDER:
-        proc = _train(workdir, stage, nproc)
-        assert proc.returncode == 0, f"{stage} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        _train(workdir, stage, nproc)
         rows = _metrics(workdir, stage)
         cfg = load_config(CHAIN / f"{stage}.toml", world_size=nproc)
         table.append(
@@ -165,12 +149,11 @@ def test_resuming_inside_a_stage_ignores_init_from(chain, tmp_path):
     work = tmp_path / "w"
     shutil.copytree(chain / "runs", work / "runs")
     # longer stage: the LR schedule's shape changes, which is refused unless allowed explicitly
-    proc = _train(work, "stage2_ct_anneal", 1, "--training.steps", "6")
+    proc = _train(work, "stage2_ct_anneal", 1, {"training.steps": 6}, check=False)
     assert proc.returncode != 0  # the worker exits 2; torchrun reports it as 1
     assert "error: lr_scheduler changed since the checkpoint (total_steps: 4 -> 6)" in proc.stderr
     assert [r["step"] for r in _metrics(work, "stage2_ct_anneal")] == [1, 2, 3, 4]
-    proc = _train(work, "stage2_ct_anneal", 1, "--training.steps", "6", "--lr_scheduler.allow_schedule_change", "true")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train(work, "stage2_ct_anneal", 1, {"training.steps": 6, "lr_scheduler.allow_schedule_change": True})
     rows = _metrics(work, "stage2_ct_anneal")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # steps 5-6 appended after resuming at step 4
 
@@ -179,24 +162,16 @@ def test_bad_previous_checkpoint_fails_with_one_line_and_writes_nothing(chain, t
     work = tmp_path / "w"
     shutil.copytree(chain / "runs", work / "runs")
     # wrong layer count without the upcycle step
-    proc = _train(
-        work, "stage1b_2p6b_upcycle", 1, "--stage.upcycle", "none", "--training.run_dir", "runs/tiny_chain/other"
-    )
+    other = {"stage.upcycle": "none", "training.run_dir": "runs/tiny_chain/other"}
+    proc = _train(work, "stage1b_2p6b_upcycle", 1, other, check=False)
     assert proc.returncode != 0
     assert "set stage.upcycle" in proc.stderr + proc.stdout
     assert not (work / "runs/tiny_chain/other/checkpoints").exists() or not any(
         (work / "runs/tiny_chain/other/checkpoints").iterdir()
     )
     # a missing previous checkpoint
-    proc = _train(
-        work,
-        "stage1b_1p4b",
-        1,
-        "--stage.init_from",
-        "runs/nowhere/checkpoints",
-        "--training.run_dir",
-        "runs/tiny_chain/other2",
-    )
+    missing = {"stage.init_from": "runs/nowhere/checkpoints", "training.run_dir": "runs/tiny_chain/other2"}
+    proc = _train(work, "stage1b_1p4b", 1, missing, check=False)
     assert proc.returncode != 0 and "does not exist" in proc.stderr + proc.stdout
 
 

@@ -8,12 +8,8 @@ trained run exports and reloads."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,72 +18,36 @@ import torch
 from titanloop.checkpoint import layout
 from titanloop.retrofit import RetrofitConfig
 from titanloop.retrofit.checkpoint import load_retrofit_checkpoint
+from titanloop.retrofit.config import LOOP_KEYS
 from titanloop.retrofit.hf_import import load_retrofit
+
+from launch import SMALL_BATCH, Launch, metrics, start
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "train_configs" / "ouroboros_retrofit.toml"
 STEPS = 10
-RETROFIT = {"n_prelude": 2, "recurrent_layer": 3, "n_coda": 1, "lora_rank": 4, "style_dim": 8}
-MAX_LOOPS = 4  # a [model] key of a retrofit run (its loop settings' one home)
+RETROFIT = {"n_prelude": 2, "recurrent_layer": 3, "n_coda": 1, "lora_rank": 4, "style_dim": 8, "max_loops": 4}
 
 
-def _args(hf: Path, run_dir: Path) -> list[str]:
-    args = [
-        "--retrofit.hf_path",
-        str(hf),
-        "--loop_sampler.n_loops",
-        "2",
-        "--data.kind",
-        "synthetic_text",
-        "--training.seq_len",
-        "32",
-        "--training.micro_batch_size",
-        "2",
-        "--training.global_batch_size",
-        "4",
-        "--training.steps",
-        str(STEPS),
-        "--training.run_dir",
-        str(run_dir),
-        "--checkpoint.interval",
-        "2",
-        "--checkpoint.keep_latest_k",
-        "2",
-        "--lr_scheduler.warmup_steps",
-        "2",
-        "--optimizer.lr",
-        "0.01",
-        "--metrics.wandb",
-        "off",
-        "--metrics.log_freq",
-        "1",
-        "--metrics.count_comms",
-        "true",
-    ]
-    for k, v in RETROFIT.items():
-        args += [f"--retrofit.{k}", str(v)]
-    return args + ["--model.max_loops", str(MAX_LOOPS)]
-
-
-def _launch(hf: Path, run_dir: Path) -> subprocess.Popen:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    n = len(list(run_dir.glob("launch-*.log")))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "titanloop.train",
-        "--config",
-        str(CONFIG),
-        *_args(hf, run_dir),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    log = open(run_dir / f"launch-{n}.log", "w")
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def _launch(hf: Path, run_dir: Path) -> Launch:
+    overrides = {
+        "retrofit.hf_path": str(hf),
+        "loop_sampler.n_loops": 2,
+        "data.kind": "synthetic_text",
+        **SMALL_BATCH,
+        "training.steps": STEPS,
+        "checkpoint.interval": 2,
+        "checkpoint.keep_latest_k": 2,
+        "lr_scheduler.warmup_steps": 2,
+        "optimizer.lr": 0.01,
+        "metrics.wandb": "off",
+        "metrics.log_freq": 1,
+        "metrics.count_comms": True,
+        # the loop settings (max_loops) are [model] keys, the rest [retrofit]'s
+        **{f"{'model' if k in LOOP_KEYS else 'retrofit'}.{k}": v for k, v in RETROFIT.items()},
+    }
+    return start(run_dir, overrides, config=CONFIG)
 
 
 def _log(run_dir: Path) -> str:
@@ -95,8 +55,7 @@ def _log(run_dir: Path) -> str:
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows}
+    return {r["step"]: r["loss"] for r in metrics(run_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -119,24 +78,20 @@ def runs(tmp_path_factory):
     ref = _launch(tmp / "dense", tmp / "uninterrupted")
     killed_dir = tmp / "killed"
     killed = _launch(tmp / "dense", killed_dir)
-    deadline = time.time() + 400
-    while (layout.latest_step(killed_dir / "checkpoints") or 0) < 2:
-        assert killed.poll() is None and time.time() < deadline, _log(killed_dir)[-3000:]
-        time.sleep(0.05)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed.wait_until(lambda: (layout.latest_step(killed_dir / "checkpoints") or 0) >= 2, "checkpoint 2", 400, 0.05)
+    killed.kill()
     killed_at = layout.latest_step(killed_dir / "checkpoints")
     assert killed_at < STEPS, f"the run finished ({killed_at}) before the kill: nothing was tested"
-    assert ref.wait(600) == 0, _log(tmp / "uninterrupted")[-3000:]
+    assert ref.finish(600) == 0, _log(tmp / "uninterrupted")[-3000:]
     resumed = _launch(tmp / "dense", killed_dir)
-    assert resumed.wait(600) == 0, _log(killed_dir)[-3000:]
+    assert resumed.finish(600) == 0, _log(killed_dir)[-3000:]
     return tmp, killed_at
 
 
 def test_only_extras_train_and_are_counted(runs):
     tmp, _ = runs
     log = _log(tmp / "uninterrupted")
-    base = load_retrofit(RetrofitConfig(hf_path=str(tmp / "dense"), **RETROFIT, n_loops=2, max_loops=MAX_LOOPS))
+    base = load_retrofit(RetrofitConfig(hf_path=str(tmp / "dense"), **RETROFIT, n_loops=2))
     trainable, frozen = base.param_counts()
     assert f"{trainable:,} trainable parameters, {frozen:,} frozen" in log
     trained = load_retrofit_checkpoint(tmp / "uninterrupted" / "checkpoints")
@@ -159,13 +114,12 @@ def test_optimizer_state_and_gradient_reduction_only_for_trainable(runs):
     assert opt and all(any(m in k for m in ("modulation", "recurrence_gate", "step_norms")) for k in opt), opt
     # FSDP2 units: 2 prelude layers, the recurrent layer, 1 coda layer, the root. Only the root holds trainable
     # parameters (controller, gate, step norms), so each step reduce-scatters once, not five times.
-    rows = [json.loads(ln) for ln in (tmp / "uninterrupted" / "metrics.jsonl").read_text().splitlines()]
-    assert {r["comm/reduce_scatter"] for r in rows} == {1}
+    assert {r["comm/reduce_scatter"] for r in metrics(tmp / "uninterrupted")} == {1}
 
 
 def test_resume_after_kill_matches_uninterrupted(runs):
     tmp, killed_at = runs
-    steps = [json.loads(ln)["step"] for ln in (tmp / "killed" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in metrics(tmp / "killed")]
     assert steps.count(1) == 1 and steps[-1] == STEPS  # the restart resumed (it did not start over at step 1)
     a, b = _losses(tmp / "uninterrupted"), _losses(tmp / "killed")
     assert [b[s] for s in range(killed_at + 1, STEPS + 1)] == [a[s] for s in range(killed_at + 1, STEPS + 1)]

@@ -22,6 +22,8 @@ import torch
 
 from titanloop.checkpoint.safe_reader import read_dcp_entries
 
+from launch import override_args
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,16 +62,15 @@ def sbatch(run_dir: Path, steps: int, *sbatch_args: str, wandb: str = "offline")
         f"--output={run_dir}/slurm.out",
         *sbatch_args,
         "slurm/stage1a.sh",
-        "--training.steps",
-        str(steps),
-        "--checkpoint.enable",
-        "true",
-        "--checkpoint.interval",
-        "4",
-        "--metrics.log_freq",
-        "1",
-        "--metrics.wandb",
-        wandb,
+        *override_args(
+            {
+                "training.steps": steps,
+                "checkpoint.enable": True,
+                "checkpoint.interval": 4,
+                "metrics.log_freq": 1,
+                "metrics.wandb": wandb,
+            }
+        ),
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip()
 

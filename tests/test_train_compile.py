@@ -22,15 +22,10 @@ the loss by far more than that. Measured: 4 graphs in both stages, none after st
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from launch import SMALL_BATCH, train
+
 STEPS = 20
 LOSS_TOL = 2e-3
 # bf16 vs fp32 (relative loss difference). Step 1 runs the same fp32 master weights rounded to bf16 for compute:
@@ -42,99 +37,54 @@ BF16_STEP1_RTOL = 1e-3
 # LOST_UPDATES_RATIO of the frozen run's. Measured (2026-11-25, seeds 0 / 1 / 2 of these launches): bf16 1.50e-3 /
 # 2.14e-3 / 1.19e-3, frozen 4.30e-2 / 6.41e-2 / 5.64e-2, ratio 0.035 / 0.033 / 0.021; step 1 relative 1.0-4.8e-5.
 LOST_UPDATES_RATIO = 0.25
-BF16_ARGS = ["--training.steps", str(STEPS), "--optimizer.lr", "1e-3"]
-COMMON = [
-    "--config",
-    str(REPO / "train_configs" / "debug.toml"),
-    "--training.seq_len",
-    "32",
-    "--training.micro_batch_size",
-    "2",
-    "--training.global_batch_size",
-    "4",
-    "--metrics.log_freq",
-    "1",
-    "--parallelism.activation_checkpoint",
-    "loop",
-    "--lr_scheduler.warmup_steps",
-    "2",
-]
+BF16 = {"training.steps": STEPS, "optimizer.lr": 1e-3}
+COMMON = {
+    **SMALL_BATCH,
+    "metrics.log_freq": 1,
+    "parallelism.activation_checkpoint": "loop",
+    "lr_scheduler.warmup_steps": 2,
+}
 
 pytestmark = pytest.mark.slow
-
-
-def _launch(run_dir: Path, *extra: str) -> tuple[dict[int, dict], str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "titanloop.train",
-        *COMMON,
-        "--training.run_dir",
-        str(run_dir),
-        *extra,
-    ]
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1"),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    recs = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
-    return recs, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compile")
-    stage_a = ["--training.steps", str(STEPS), "--loop_sampler.n_loops", "8"]
-    eager, _ = _launch(root / "eager", *stage_a)
-    fp32_t4, _ = _launch(root / "fp32_t4", *BF16_ARGS)
-    bf16, out_bf16 = _launch(root / "bf16", *BF16_ARGS, "--training.dtype", "bfloat16")
-    frozen, _ = _launch(root / "bf16_frozen", *BF16_ARGS, "--training.dtype", "bfloat16", "--optimizer.lr", "1e-9")
-    compiled, out = _launch(
-        root / "compiled",
-        *stage_a,
-        "--parallelism.compile",
-        "true",
-        "--checkpoint.enable",
-        "true",
-        "--checkpoint.interval",
-        str(STEPS),
+
+    def launch(name: str, overrides: dict):
+        return train(root / name, {**COMMON, **overrides}, timeout=900)
+
+    stage_a = {"training.steps": STEPS, "loop_sampler.n_loops": 8}
+    eager = launch("eager", stage_a)
+    fp32_t4 = launch("fp32_t4", BF16)
+    bf16 = launch("bf16", {**BF16, "training.dtype": "bfloat16"})
+    frozen = launch("bf16_frozen", {**BF16, "training.dtype": "bfloat16", "optimizer.lr": 1e-9})
+    compiled = launch(
+        "compiled", {**stage_a, "parallelism.compile": True, "checkpoint.enable": True, "checkpoint.interval": STEPS}
     )
-    stage_b, out_b = _launch(
-        root / "stage_b",
-        "--training.steps",
-        "10",
-        "--loop_sampler.n_loops",
-        "4",
-        "--loop_sampler.kind",
-        "uniform",
-        "--loop_sampler.min_sampled",
-        "2",
-        "--loop_sampler.max_sampled",
-        "4",
-        "--parallelism.compile",
-        "true",
-        "--stage.init_from",
-        str(root / "compiled" / "checkpoints"),
+    stage_b = launch(
+        "stage_b",
+        {
+            "training.steps": 10,
+            "loop_sampler.n_loops": 4,
+            "loop_sampler.kind": "uniform",
+            "loop_sampler.min_sampled": 2,
+            "loop_sampler.max_sampled": 4,
+            "parallelism.compile": True,
+            "stage.init_from": str(root / "compiled" / "checkpoints"),
+        },
     )
     return {
-        "eager": eager,
-        "compiled": compiled,
-        "stage_b": stage_b,
-        "out": out,
-        "out_b": out_b,
-        "bf16": bf16,
-        "out_bf16": out_bf16,
-        "fp32_t4": fp32_t4,
-        "frozen": frozen,
+        "eager": eager.by_step,
+        "compiled": compiled.by_step,
+        "stage_b": stage_b.by_step,
+        "out": compiled.out,
+        "out_b": stage_b.out,
+        "bf16": bf16.by_step,
+        "out_bf16": bf16.out,
+        "fp32_t4": fp32_t4.by_step,
+        "frozen": frozen.by_step,
     }
 
 
@@ -168,7 +118,7 @@ def test_bf16_params_with_fp32_reduce_follow_fp32(runs):
     step1 = abs(bf16[1]["loss"] - fp32[1]["loss"]) / fp32[1]["loss"]
     assert step1 <= BF16_STEP1_RTOL, step1
     # the updates reach the weights: bf16 follows fp32 far more closely than a bf16 run whose updates are lost
-    # (that fp32 reduction is what the policy does is checked in tests/test_mixed_precision.py)
+    # (that fp32 reduction is what the policy does is checked in tests/test_parallel_mixed_precision.py)
     later = range(2, STEPS + 1)
     bf16_gap = sum(abs(bf16[s]["loss"] - fp32[s]["loss"]) for s in later) / len(later)
     frozen_gap = sum(abs(frozen[s]["loss"] - fp32[s]["loss"]) for s in later) / len(later)

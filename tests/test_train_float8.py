@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,9 @@ from titanloop.checkpoint.safe_reader import read_dcp_entries
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
-DEBUG = REPO / "train_configs" / "debug.toml"
+from helpers import assert_bitwise_same_run, final_state, history
+from launch import DEBUG, REPO, start, train
+
 SEED = 7  # the kill step
 LOSS_SEED = 2  # the loss comparison's seed: not one of the seeds the tolerances were measured on (0 and 1)
 RECIPES = ("tensorwise", "rowwise")
@@ -124,49 +124,48 @@ def test_memory_plan_gathers_the_looped_weights_in_float8():
 
 # ----- through torchrun -m titanloop.train on 2 ranks --------------------------------------------------------------
 
+STEPS = 16  # the kill-and-resume runs: checkpoints every 3 steps, the last two kept
+RESUMABLE = {
+    "training.steps": STEPS,
+    "metrics.log_freq": 1,
+    "checkpoint.enable": True,
+    "checkpoint.interval": 3,
+    "checkpoint.keep_latest_k": 2,
+    "checkpoint.mode": "sync",
+}
 
-def _f8(recipe: str) -> list[str]:
-    return ["--float8.recipe", recipe]
+
+def _f8(recipe: str) -> dict:
+    return {"float8.recipe": recipe}
+
+
+def _train(run_dir: Path, overrides: dict | None = None) -> Path:
+    return train(run_dir, {**RESUMABLE, **(overrides or {})}).run_dir
 
 
 @pytest.fixture(scope="module")
 def loss_runs(tmp_path_factory):
     """50 steps at SEED, fp32 and both recipes, with the per-step counts; and 3 steps of tensorwise resharding the
     looped stack after every use."""
-    from test_train_preemption import run
-
     root = tmp_path_factory.mktemp("float8_loss")
-    common = [
-        "--training.steps",
-        "50",
-        "--training.seed",
-        str(LOSS_SEED),
-        "--optimizer.lr",
-        "3e-3",
-        "--checkpoint.enable",
-        "false",
-        "--metrics.count_comms",
-        "true",
-    ]
-    runs = {r: run(root / r, 2, *common, *_f8(r)).run_dir for r in ("off", *RECIPES)}
-    runs["always"] = run(
+    common = {
+        "training.steps": 50,
+        "training.seed": LOSS_SEED,
+        "optimizer.lr": 3e-3,
+        "checkpoint.enable": False,
+        "metrics.count_comms": True,
+    }
+    runs = {r: _train(root / r, {**common, **_f8(r)}) for r in ("off", *RECIPES)}
+    runs["always"] = _train(
         root / "always",
-        2,
-        *common,
-        "--training.steps",
-        "3",
-        *_f8("tensorwise"),
-        "--parallelism.reshard_looped",
-        "always",
-    ).run_dir
+        {**common, "training.steps": 3, **_f8("tensorwise"), "parallelism.reshard_looped": "always"},
+    )
     return runs
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_float8_loss_follows_fp32_within_the_stated_tolerance(loss_runs, recipe):
-    from test_train_preemption import history
-
     ref = {s: recs[0]["loss"] for s, recs in history(loss_runs["off"]).items()}
     got = {s: recs[0]["loss"] for s, recs in history(loss_runs[recipe]).items()}
     assert sorted(got) == sorted(ref) == list(range(1, 51))
@@ -186,8 +185,6 @@ def test_float8_loss_follows_fp32_within_the_stated_tolerance(loss_runs, recipe)
 
 @pytest.mark.slow
 def test_weights_are_cast_once_per_step_when_the_looped_stack_is_gathered_once(loss_runs):
-    from test_train_preemption import history
-
     weights = N_LAYERS * LINEARS_PER_LAYER
     for name, reshards in [("tensorwise", False), ("rowwise", False), ("always", True)]:
         for step, (rec, *_) in history(loss_runs[name]).items():
@@ -206,39 +203,32 @@ def test_weights_are_cast_once_per_step_when_the_looped_stack_is_gathered_once(l
 def resume_runs(tmp_path_factory):
     """16 steps (checkpoints every 3), per recipe: uninterrupted, and SIGKILLed + resumed; an fp32 run for the
     interchange checks."""
-    from test_train_preemption import Launch, run
-
     root = tmp_path_factory.mktemp("float8_resume")
     rng = random.Random(SEED)
-    out = {"off": run(root / "off", 2).run_dir}
+    out = {"off": _train(root / "off")}
     for recipe in RECIPES:
-        out[f"ref_{recipe}"] = run(root / f"ref_{recipe}", 2, *_f8(recipe)).run_dir
-        launch = Launch(root / f"killed_{recipe}", 2, *_f8(recipe))
+        out[f"ref_{recipe}"] = _train(root / f"ref_{recipe}", _f8(recipe))
+        job = start(root / f"killed_{recipe}", {**RESUMABLE, **_f8(recipe)})
         kill_at = rng.randint(4, 11)
-        launch.wait_for_step(kill_at)
-        launch.group(signal.SIGKILL)
-        launch.proc.wait(timeout=60)
+        job.wait_for_step(kill_at)
+        job.kill()
         out[f"killed_at_{recipe}"] = kill_at
-        out[f"killed_{recipe}"] = run(root / f"killed_{recipe}", 2, *_f8(recipe)).run_dir
+        out[f"killed_{recipe}"] = _train(root / f"killed_{recipe}", _f8(recipe))
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_float8_kill_and_resume_is_bitwise(resume_runs, recipe):
-    from test_train_preemption import assert_bitwise_same_run
-
-    assert_bitwise_same_run(resume_runs[f"killed_{recipe}"], resume_runs[f"ref_{recipe}"])
+    assert_bitwise_same_run(resume_runs[f"killed_{recipe}"], resume_runs[f"ref_{recipe}"], STEPS)
     print(f"{recipe}: killed at step >= {resume_runs[f'killed_at_{recipe}']}, resumed, bitwise equal")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_float8_checkpoints_have_the_fp32_layout(resume_runs, recipe):
-    from test_train_preemption import final_state
-
-    got, ref = final_state(resume_runs[f"ref_{recipe}"])[0], final_state(resume_runs["off"])[0]
-    ckpt = resume_runs[f"ref_{recipe}"] / "checkpoints" / layout.step_dir_name(16)
+    got, ref = final_state(resume_runs[f"ref_{recipe}"], STEPS)[0], final_state(resume_runs["off"], STEPS)[0]
+    ckpt = resume_runs[f"ref_{recipe}"] / "checkpoints" / layout.step_dir_name(STEPS)
     # plain tensors: no torchao class pickled (a run without torchao imported could not unpickle one)
     assert not any(b"torchao" in p.read_bytes() for p in ckpt.glob("*.distcp"))
     assert got.keys() == ref.keys()
@@ -254,13 +244,11 @@ def test_checkpoints_resume_across_float8_and_fp32(resume_runs, tmp_path, saved,
     own step 16 within STEP_TOL (the same weights, batch and optimizer state; only the matmuls' precision differs).
     This shows the checkpoint loads and training goes on from it; the weights are not compared bit for bit (a float8
     and an fp32 step give different bits)."""
-    from test_train_preemption import STEPS, history, run
-
     source = resume_runs["off" if saved == "off" else f"ref_{saved}"]
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     shutil.rmtree(run_dir / "checkpoints" / layout.step_dir_name(STEPS))  # resume from step STEPS - 1
-    run(run_dir, 2, *_f8(resumed))
+    _train(run_dir, _f8(resumed))
     records = history(run_dir)
     # resumed from step STEPS - 1: the launch logged step STEPS only (after the saving run's own records)
     assert [len(records[s]) for s in range(1, STEPS + 1)] == [1] * (STEPS - 1) + [2]

@@ -14,51 +14,32 @@ import re
 
 import pytest
 
-from test_parallel_layouts import launch, metrics
+from launch import SMALL_BATCH, train
 
 pytestmark = pytest.mark.slow
+COMMON = {**SMALL_BATCH, "training.steps": 5, "metrics.log_freq": 1, "lr_scheduler.warmup_steps": 1}
 
 
 @pytest.fixture(scope="module")
 def skip_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("nonfinite") / "skip"
-    return run_dir, launch(
-        2,
-        run_dir,
-        "--training.steps",
-        "5",
-        "--training.inject_nan_grad_steps",
-        "[3]",
-        "--training.dtype",
-        "bfloat16",
-        "--metrics.count_comms",
-        "false",
-    )
+    overrides = {**COMMON, "training.inject_nan_grad_steps": [3], "training.dtype": "bfloat16"}
+    return run_dir, train(run_dir, overrides, check=False)
 
 
 @pytest.fixture(scope="module")
 def stop_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("nonfinite") / "stop"
-    return run_dir, launch(
-        2,
-        run_dir,
-        "--training.steps",
-        "5",
-        "--training.inject_nan_grad_steps",
-        "[2]",
-        "--training.on_nonfinite",
-        "stop",
-        "--metrics.count_comms",
-        "false",
-    )
+    overrides = {**COMMON, "training.inject_nan_grad_steps": [2], "training.on_nonfinite": "stop"}
+    return run_dir, train(run_dir, overrides, check=False)
 
 
 def test_nonfinite_grad_norm_is_skipped_and_recorded(skip_run):
     run_dir, proc = skip_run
-    out = proc.stdout + proc.stderr
+    out = proc.out
     assert proc.returncode == 0, out[-3000:]
     assert "step     3 | non-finite gradient norm (nan): step skipped (1 in a row, limit 3)" in out
-    m = metrics(run_dir)
+    m = proc.by_step
     assert 3 not in m and m[5]["skipped_steps"] == 1  # a skipped step is not logged; training went on
     assert all(math.isfinite(m[s]["loss"]) for s in (1, 2, 4, 5))
     records = [json.loads(p.read_text()) for p in sorted((run_dir / "nonfinite").glob("step-3.rank-*.json"))]
@@ -69,7 +50,7 @@ def test_nonfinite_grad_norm_is_skipped_and_recorded(skip_run):
 
 def test_nonfinite_grad_norm_stops_when_configured(stop_run):
     run_dir, proc = stop_run
-    out = proc.stdout + proc.stderr
+    out = proc.out
     # A worker exits 3; torchrun then tears its peer down with SIGTERM if it has not exited yet (a race), so
     # every reported failure is exit 3 or that SIGTERM. Both ranks reaching the stop is shown by their records.
     codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)

@@ -25,15 +25,10 @@ machine's speed; the SIGKILL check that a save is in progress happens while the 
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
 import random
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,10 +36,12 @@ import pytest
 import torch
 
 from titanloop.checkpoint import layout
-from titanloop.checkpoint.safe_reader import read_dcp_entries, read_dcp_metadata
+from titanloop.checkpoint.safe_reader import read_dcp_metadata
+
+from helpers import assert_bitwise_same_run, final_state, history
+from launch import Launch, free_port, start
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 SEED = 16
 STEPS = 16
 # 2 -> 1 ranks: the same samples, summed in another order. Measured (seed 16, with JSRR): loss within 1.5e-5,
@@ -52,198 +49,66 @@ STEPS = 16
 # consecutive steps' losses differ by >= 8.4e-4.
 RESHARD_LOSS_TOL = 5e-5
 RESHARD_GRAD_RTOL = 1e-3
-ARGS = [
-    "--config",
-    str(REPO / "train_configs" / "debug.toml"),
-    "--training.steps",
-    str(STEPS),
-    "--metrics.log_freq",
-    "1",
-    "--metrics.wandb",
-    "off",
-    "--checkpoint.enable",
-    "true",
-    "--checkpoint.interval",
-    "3",
-    "--checkpoint.keep_latest_k",
-    "2",
-    "--checkpoint.mode",
-    "sync",
-]
+ARGS = {
+    "training.steps": STEPS,
+    "metrics.log_freq": 1,
+    "metrics.wandb": "off",
+    "checkpoint.enable": True,
+    "checkpoint.interval": 3,
+    "checkpoint.keep_latest_k": 2,
+    "checkpoint.mode": "sync",
+}
 # dp runs add STARS' Jacobian regularizer (its random probes must come back identical on resume at any world size;
 # tensor parallelism does not support it)
-JSRR = ["--objective.jsrr_weight", "0.1"]
-TIMING_KEYS = {"tokens_per_s", "tflops", "mfu"}  # wall-clock figures (and time/...): not expected to repeat
+JSRR = {"objective.jsrr_weight": 0.1}
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a real W&B key (40 hex chars)
+# every launch has the key in its environment, and no WANDB_MODE (one launch runs W&B online)
+ENV = {"WANDB_MODE": None, "WANDB_API_KEY": FAKE_KEY}
 
 
-def closed_local_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on (connections are refused at once)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def launch(run_dir: Path, nproc: int, overrides: dict | None = None, env: dict | None = None) -> Launch:
+    """One `torchrun -m titanloop.train` in the background, output to <run_dir>.<ns>.log beside the run dir."""
+    log = run_dir.parent / f"{run_dir.name}.{time.monotonic_ns()}.log"
+    return start(run_dir, {**ARGS, **(overrides or {})}, nproc=nproc, log=log, env={**ENV, **(env or {})})
 
 
-class Launch:
-    """One `torchrun -m titanloop.train` in its own session (process group), output to a file."""
-
-    def __init__(self, run_dir: Path, nproc: int, *extra: str, env: dict | None = None):
-        self.run_dir, self.log = run_dir, run_dir.parent / f"{run_dir.name}.{time.monotonic_ns()}.log"
-        self.metrics = run_dir / "metrics.jsonl"
-        self.skip = len(self.metrics.read_text().splitlines()) if self.metrics.is_file() else 0
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "-m",
-            "titanloop.train",
-            *ARGS,
-            "--training.run_dir",
-            str(run_dir),
-            *extra,
-        ]
-        env = {
-            # (WANDB_SERVICE: an in-process W&B test earlier in the session leaves its service address here; a launch
-            # would attach to that service instead of starting its own)
-            **{k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_SERVICE")},
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            "WANDB_API_KEY": FAKE_KEY,
-            "WANDB_SILENT": "true",
-            **(env or {}),
-        }
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def steps(self) -> list[int]:
-        """Steps logged by this launch so far (complete lines only)."""
-        if not self.metrics.is_file():
-            return []
-        text = self.metrics.read_text()
-        lines = text.splitlines()[self.skip :] if text.endswith("\n") else text.splitlines()[self.skip : -1]
-        return [json.loads(line)["step"] for line in lines]
-
-    def wait_for_step(self, step: int, timeout: float = 240) -> None:
-        deadline = time.time() + timeout
-        while not any(s >= step for s in self.steps()):
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"launch ended (exit {self.proc.returncode}) before step {step}:\n{self.output()[-3000:]}"
-                )
-            if time.time() > deadline:
-                raise AssertionError(f"no step {step} after {timeout} s:\n{self.output()[-3000:]}")
-            time.sleep(0.02)
-
-    def group(self, sig: int) -> None:
-        """Signal every process of the launch: torchrun starts each worker in a session of its own, so this is
-        torchrun's process group and each worker's."""
-        for pid in [self.proc.pid, *self.workers()]:
-            try:
-                os.killpg(os.getpgid(pid), sig)
-            except ProcessLookupError:
-                pass
-
-    def workers(self) -> list[int]:
-        try:
-            return [int(c) for c in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()]
-        except FileNotFoundError:
-            return []
-
-    def rank_pid(self, local_rank: int) -> int:
-        """The worker process with LOCAL_RANK=local_rank among the launcher's children."""
-        for child in self.workers():
-            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            if f"LOCAL_RANK={local_rank}".encode() in env:
-                return child
-        raise AssertionError(f"no worker with LOCAL_RANK={local_rank}")
-
-    def interrupt(self, sig: int, pid: int | None = None) -> None:
-        """Deliver `sig` (to `pid`, else to the launcher) while every process of the launch is stopped."""
-        self.group(signal.SIGSTOP)
-        os.kill(pid or self.proc.pid, sig)
-        self.group(signal.SIGCONT)
-
-    def finish(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.group(signal.SIGKILL)
-            raise AssertionError(f"launch did not finish in {timeout} s:\n{self.output()[-3000:]}") from None
-
-
-def run(run_dir: Path, nproc: int, *extra: str, env: dict | None = None) -> Launch:
-    launch = Launch(run_dir, nproc, *extra, env=env)
-    code = launch.finish()
-    assert code == 0, launch.output()[-3000:]
-    return launch
+def run(run_dir: Path, nproc: int, overrides: dict | None = None, env: dict | None = None) -> Launch:
+    job = launch(run_dir, nproc, overrides, env)
+    code = job.finish()
+    assert code == 0, job.out[-3000:]
+    return job
 
 
 def ckpt_root(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
-def stop_with(launch: Launch, sig: int, at_step: int, pid: int | None = None) -> int:
+def stop_with(job: Launch, sig: int, at_step: int, pid: int | None = None) -> int:
     """Signal the launch once step `at_step` is logged; it must save, publish and exit non-zero (75 from the
     ranks, 1 from torchrun). Returns the step it stopped at."""
-    launch.wait_for_step(at_step)
-    launch.interrupt(sig, pid)
-    code = launch.finish()
-    out = launch.output()
+    job.wait_for_step(at_step)
+    job.interrupt(sig, pid)
+    code = job.finish()
+    out = job.out
     assert code != 0 and "preempted at step" in out, out[-3000:]
     stopped = int(out.split("preempted at step ")[1].split()[0])
-    assert stopped >= at_step and layout.latest_step(ckpt_root(launch.run_dir)) == stopped, out[-3000:]
+    assert stopped >= at_step and layout.latest_step(ckpt_root(job.run_dir)) == stopped, out[-3000:]
     return stopped
 
 
-def kill_during_save(launch: Launch, timeout: float = 240) -> int:
+def kill_during_save(job: Launch, timeout: float = 240) -> int:
     """SIGKILL every process of the launch while a checkpoint save is in progress; returns that save's step."""
-    root, deadline = ckpt_root(launch.run_dir), time.time() + timeout
-    while time.time() < deadline and launch.proc.poll() is None:
+    root, deadline = ckpt_root(job.run_dir), time.time() + timeout
+    while time.time() < deadline and job.proc.poll() is None:
         if any(p.name.startswith(layout.STAGING_PREFIX) for p in root.iterdir()):
-            launch.group(signal.SIGSTOP)  # frozen: is the save still unpublished?
+            job.group(signal.SIGSTOP)  # frozen: is the save still unpublished?
             staging = [p for p in root.iterdir() if p.name.startswith(layout.STAGING_PREFIX)]
             if staging:
-                launch.group(signal.SIGKILL)
-                launch.proc.wait(timeout=60)
+                job.kill()
                 return int(staging[0].name.rsplit("-", 1)[1])
-            launch.group(signal.SIGCONT)  # it was published in between: wait for the next save
+            job.group(signal.SIGCONT)  # it was published in between: wait for the next save
         time.sleep(0.001)
-    raise AssertionError(f"no checkpoint save caught in progress:\n{launch.output()[-3000:]}")
-
-
-def final_state(run_dir: Path) -> tuple[dict, dict]:
-    """(every DCP entry, the JSON states) of the run's final checkpoint (step STEPS)."""
-    ckpt = ckpt_root(run_dir) / layout.step_dir_name(STEPS)
-    return read_dcp_entries(ckpt), layout.read_manifest(ckpt)["states"]
-
-
-def history(run_dir: Path) -> dict[int, list[dict]]:
-    """step -> every record logged for it (a step re-run after a fallback is logged again), timings removed."""
-    out: dict[int, list[dict]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS and not k.startswith("time/")}
-        out.setdefault(rec["step"], []).append(rec)
-    return out
-
-
-def assert_bitwise_same_run(got_dir: Path, ref_dir: Path) -> None:
-    (got, got_states), (ref, ref_states) = final_state(got_dir), final_state(ref_dir)
-    assert got.keys() == ref.keys()
-    assert any(k.startswith("model/") for k in ref) and any(k.startswith("optimizer/") for k in ref)
-    different = [k for k in ref if got[k].numpy().tobytes() != ref[k].numpy().tobytes()]  # bits (NaN == NaN)
-    assert not different, f"{len(different)} tensors differ from the uninterrupted run, e.g. {different[:3]}"
-    assert got_states == ref_states  # LR schedule, data loader position, step/token counters
-    got_h, ref_h = history(got_dir), history(ref_dir)
-    assert sorted(got_h) == sorted(ref_h) == list(range(1, STEPS + 1))
-    for step, records in got_h.items():
-        assert all(r == ref_h[step][0] for r in records), (step, records, ref_h[step][0])
+    raise AssertionError(f"no checkpoint save caught in progress:\n{job.out[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -261,30 +126,30 @@ def runs(tmp_path_factory):
     r = {"root": root, "plan": plan, "stops": {}}
     t0 = time.time()
 
-    r["ref_dp2"] = run(root / "ref_dp2", 2, *JSRR).run_dir
+    r["ref_dp2"] = run(root / "ref_dp2", 2, JSRR).run_dir
     chain = r["dp2"] = root / "dp2"
-    first = Launch(chain, 2, *JSRR)
+    first = launch(chain, 2, JSRR)
     first.wait_for_step(1)
     r["stops"]["usr1"] = stop_with(first, signal.SIGUSR1, plan["usr1_step"], first.rank_pid(plan["usr1_rank"]))
     shutil.copytree(chain, root / "dp2_to_1")  # resumed on one process below
-    r["stops"]["term"] = stop_with(Launch(chain, 2, *JSRR), signal.SIGTERM, r["stops"]["usr1"] + plan["term_after"])
-    r["killed_save"] = kill_during_save(Launch(chain, 2, *JSRR))
+    r["stops"]["term"] = stop_with(launch(chain, 2, JSRR), signal.SIGTERM, r["stops"]["usr1"] + plan["term_after"])
+    r["killed_save"] = kill_during_save(launch(chain, 2, JSRR))
     r["staging_left"] = sorted(p.name for p in ckpt_root(chain).iterdir() if p.name.startswith(layout.STAGING_PREFIX))
     r["fallback"] = layout.latest_step(ckpt_root(chain))
-    r["last"] = run(chain, 2, *JSRR)
+    r["last"] = run(chain, 2, JSRR)
 
-    tp = ["--parallelism.tp", "2"]
-    r["ref_tp2"] = run(root / "ref_tp2", 2, *tp).run_dir
+    tp = {"parallelism.tp": 2}
+    r["ref_tp2"] = run(root / "ref_tp2", 2, tp).run_dir
     r["tp2"] = root / "tp2"
-    first = Launch(r["tp2"], 2, *tp)
+    first = launch(r["tp2"], 2, tp)
     first.wait_for_step(1)
     r["stops"]["tp_usr1"] = stop_with(first, signal.SIGUSR1, plan["tp_usr1_step"], first.rank_pid(plan["tp_usr1_rank"]))
-    run(r["tp2"], 2, *tp)
+    run(r["tp2"], 2, tp)
 
     # W&B online, but unreachable: a closed port on the loopback interface (never any other address)
-    unreachable = {"WANDB_BASE_URL": f"http://127.0.0.1:{closed_local_port()}", "WANDB_INIT_TIMEOUT": "10"}
-    last = run(root / "dp2_to_1", 1, *JSRR, "--metrics.wandb", "online", env=unreachable)
-    r["dp2_to_1"], r["wandb_out"] = last.run_dir, last.output()
+    unreachable = {"WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}", "WANDB_INIT_TIMEOUT": "10"}
+    last = run(root / "dp2_to_1", 1, {**JSRR, "metrics.wandb": "online"}, env=unreachable)
+    r["dp2_to_1"], r["wandb_out"] = last.run_dir, last.out
     r["outputs"] = [p.read_text() for p in root.glob("*.log")]
     print(
         f"launches took {time.time() - t0:.0f} s; stops {r['stops']}, SIGKILL during the save of step "
@@ -301,7 +166,7 @@ def test_dp2_interrupted_by_usr1_term_and_kill_matches_uninterrupted_run_bitwise
     assert runs["staging_left"] == [f"{layout.STAGING_PREFIX}{layout.step_dir_name(runs['killed_save'])}"]
     assert runs["fallback"] < runs["killed_save"]
     assert not any(p.name.startswith(layout.STAGING_PREFIX) for p in ckpt_root(runs["dp2"]).iterdir())
-    assert_bitwise_same_run(runs["dp2"], runs["ref_dp2"])
+    assert_bitwise_same_run(runs["dp2"], runs["ref_dp2"], STEPS)
 
 
 def saved_chunk_offsets(run_dir: Path, key: str) -> list[tuple[int, ...]]:
@@ -313,12 +178,12 @@ def saved_chunk_offsets(run_dir: Path, key: str) -> list[tuple[int, ...]]:
 def test_tp2_interrupted_and_resumed_matches_uninterrupted_run_bitwise(runs):
     # the run really was tensor parallel: each rank saved half of q_proj's rows (column-parallel) and half of
     # o_proj's columns (row-parallel); FSDP at dp 2 shards every weight by rows only
-    hidden = final_state(runs["tp2"])[0]["model/layers.0.self_attn.o_proj.weight"].shape[1]
+    hidden = final_state(runs["tp2"], STEPS)[0]["model/layers.0.self_attn.o_proj.weight"].shape[1]
     for run in ("tp2", "ref_tp2"):
         assert saved_chunk_offsets(runs[run], "model/layers.0.self_attn.q_proj.weight") == [(0, 0), (hidden // 2, 0)]
         assert saved_chunk_offsets(runs[run], "model/layers.0.self_attn.o_proj.weight") == [(0, 0), (0, hidden // 2)]
     assert saved_chunk_offsets(runs["dp2"], "model/layers.0.self_attn.o_proj.weight") == [(0, 0), (hidden // 2, 0)]
-    assert_bitwise_same_run(runs["tp2"], runs["ref_tp2"])
+    assert_bitwise_same_run(runs["tp2"], runs["ref_tp2"], STEPS)
 
 
 def test_resume_2_to_1_ranks_keeps_the_sample_order(runs):
@@ -332,7 +197,7 @@ def test_resume_2_to_1_ranks_keeps_the_sample_order(runs):
         assert got[step][0]["grad_norm"] == pytest.approx(want[step][0]["grad_norm"], rel=RESHARD_GRAD_RTOL, abs=0), (
             step
         )
-    (weights, states), (ref_weights, ref_states) = final_state(resumed), final_state(ref)
+    (weights, states), (ref_weights, ref_states) = final_state(resumed, STEPS), final_state(ref, STEPS)
     assert states["dataloader"] == ref_states["dataloader"]  # the same global data position at the end
     assert states["train_state"] == ref_states["train_state"]
     for k, v in ref_weights.items():
@@ -369,8 +234,8 @@ def test_trainer_refuses_a_checkpoint_whose_metadata_would_run_code(runs, tmp_pa
     ckpt = ckpt_root(run_dir) / layout.step_dir_name(STEPS)
     (ckpt / ".metadata").write_bytes(pickle.dumps(hostile.payload(marker)))
     hostile.refresh_manifest(ckpt)
-    launch = Launch(run_dir, 1)
-    assert launch.finish() != 0
-    errors = [line for line in launch.output().splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "refusing to load posix.system" in errors[0], launch.output()[-3000:]
+    job = launch(run_dir, 1)
+    assert job.finish() != 0
+    errors = [line for line in job.out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "refusing to load posix.system" in errors[0], job.out[-3000:]
     assert not marker.exists()

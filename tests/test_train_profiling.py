@@ -5,10 +5,7 @@ out-of-memory) with a fake allocator."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,8 +14,7 @@ import pytest
 from titanloop.train.config import load_config
 from titanloop.train.profiling import Profiling, memory_summary
 
-REPO = Path(__file__).resolve().parents[1]
-DEBUG = str(REPO / "train_configs" / "debug.toml")
+from launch import DEBUG, train
 
 
 class FakeCudaMemory:
@@ -103,34 +99,14 @@ def test_memory_snapshot_is_skipped_off_cuda(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_profiler_window_writes_one_trace_per_rank(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "titanloop.train",
-        "--config",
-        DEBUG,
-        "--training.run_dir",
-        str(tmp_path),
-        "--training.steps",
-        "4",
-        "--metrics.wandb",
-        "off",
-        "--profiling.enable",
-        "true",
-        "--profiling.start_step",
-        "2",
-        "--profiling.steps",
-        "2",
-    ]
-    proc = subprocess.run(
-        cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "steps 2-3 traced to" in proc.stdout
+    overrides = {
+        "training.steps": 4,
+        "metrics.wandb": "off",
+        "profiling.enable": True,
+        "profiling.start_step": 2,
+        "profiling.steps": 2,
+    }
+    assert "steps 2-3 traced to" in train(tmp_path, overrides).stdout
     traces = sorted((tmp_path / "profiles" / "step_2").glob("rank*_trace.json"))
     assert [t.name for t in traces] == ["rank0_trace.json", "rank1_trace.json"]
     for t in traces:

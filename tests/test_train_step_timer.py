@@ -8,17 +8,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from titanloop.train.step_timer import PHASES, StepTimer, breakdown_line, breakdown_scalars, straggler_warning
 
-REPO = Path(__file__).resolve().parents[1]
+from launch import REPO, train
 
 
 class FakeClock:
@@ -74,37 +70,14 @@ def test_phases_barriers_and_cuda_synchronize_with_fakes():
 
 
 def run_slowed(run_dir: Path, slow_rank: int, seconds: float) -> tuple[list[dict], str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "tests" / "slowed_rank_driver.py"),
-        "--config",
-        str(REPO / "train_configs" / "debug.toml"),
-        "--training.run_dir",
-        str(run_dir),
-        "--training.steps",
-        "5",
-        "--metrics.log_freq",
-        "1",
-        "--metrics.wandb",
-        "off",
-        "--metrics.straggler_warn",
-        "1.5",
-    ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "SLOW_RANK": str(slow_rank),
-        "SLOW_SECONDS": str(seconds),
-    }
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows, proc.stdout
+    """The trainer through tests/slowed_rank_driver.py (the trainer's arguments), rank `slow_rank` slowed."""
+    run = train(
+        run_dir,
+        {"training.steps": 5, "metrics.log_freq": 1, "metrics.wandb": "off", "metrics.straggler_warn": 1.5},
+        entry=[str(REPO / "tests" / "slowed_rank_driver.py")],
+        env={"SLOW_RANK": str(slow_rank), "SLOW_SECONDS": str(seconds)},
+    )
+    return run.rows, run.stdout
 
 
 @pytest.mark.slow

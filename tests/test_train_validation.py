@@ -22,47 +22,15 @@ import pytest
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
-DEBUG = str(REPO / "train_configs" / "debug.toml")
+from launch import DEBUG, REPO, metrics, override_args, train
+
 TASK = {"kind": "synthetic_task", "task": "compose", "task_options": {"n_entities": 16, "n_relations": 4, "hops": 4}}
-TASK_ARGS = [
-    "--data.kind",
-    "synthetic_task",
-    "--data.task",
-    "compose",
-    "--data.task_options",
-    "{n_entities = 16, n_relations = 4, hops = 4}",
-]
+TASK_DATA = {f"data.{k}": v for k, v in TASK.items()}
 NOT_COMPARED = {"tokens_per_s", "tflops", "mfu", "val/seconds"}  # wall-clock figures
 
 
-def launch(run_dir: Path, *extra: str, nproc: int = 2) -> str:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "titanloop.train",
-        "--config",
-        DEBUG,
-        "--training.run_dir",
-        str(run_dir),
-        "--metrics.log_freq",
-        "1",
-        "--metrics.wandb",
-        "off",
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def launch(run_dir: Path, overrides: dict) -> str:
+    return train(run_dir, {"metrics.log_freq": 1, "metrics.wandb": "off", **overrides}).stdout
 
 
 def training_part(rec: dict) -> dict:
@@ -75,7 +43,7 @@ def test_config_errors_name_the_field():
     cfg = load_config(DEBUG, ["--validation.enable", "true"])
     assert cfg.validation.held_out.kind == "synthetic_text" and cfg.validation.held_out.seed == cfg.data.seed + 1
     assert cfg.validation.loop_counts(cfg.loop_sampler.n_loops, cfg.looplm) == [1, 2, 3, 4, 8]
-    task = load_config(DEBUG, ["--validation.enable", "true", *TASK_ARGS])
+    task = load_config(DEBUG, override_args({"validation.enable": True, **TASK_DATA}))
     assert task.validation.held_out.split == "eval" and task.validation.held_out.task == "compose"
     for args, field in [
         (["--validation.freq", "0"], "validation.freq"),
@@ -92,25 +60,19 @@ def test_config_errors_name_the_field():
 
 @pytest.mark.slow
 def test_validation_does_not_change_training_and_resumes_bitwise(tmp_path):
-    common = [
-        "--training.steps",
-        "8",
-        "--checkpoint.enable",
-        "true",
-        "--checkpoint.interval",
-        "3",
-        "--checkpoint.keep_latest_k",
-        "3",
-        "--checkpoint.mode",
-        "sync",
-        "--objective.jsrr_weight",
-        "0.1",
-    ]
-    val = ["--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2"]
-    launch(tmp_path / "off", *common)
-    out = launch(tmp_path / "on", *common, *val)
+    common = {
+        "training.steps": 8,
+        "checkpoint.enable": True,
+        "checkpoint.interval": 3,
+        "checkpoint.keep_latest_k": 3,
+        "checkpoint.mode": "sync",
+        "objective.jsrr_weight": 0.1,
+    }
+    val = {**common, "validation.enable": True, "validation.freq": 3, "validation.steps": 2}
+    launch(tmp_path / "off", common)
+    out = launch(tmp_path / "on", val)
     assert out.count("val  ") == 3, out  # steps 3, 6 and the last step 8
-    off, on = records(tmp_path / "off"), records(tmp_path / "on")
+    off, on = metrics(tmp_path / "off"), metrics(tmp_path / "on")
     assert [r["step"] for r in off] == [r["step"] for r in on] == list(range(1, 9))
     assert [training_part(r) for r in on] == [training_part(r) for r in off]  # bitwise: floats compared exactly
     assert {r["step"] for r in on if "val/loss/loop_4" in r} == {3, 6, 8}
@@ -118,8 +80,8 @@ def test_validation_does_not_change_training_and_resumes_bitwise(tmp_path):
     # resume the validated run from step 3: steps 4..8 again, training and validation numbers bitwise
     for step in (6, 8):
         shutil.rmtree(tmp_path / "on" / "checkpoints" / f"step-{step:08d}")
-    launch(tmp_path / "on", *common, *val)
-    again = records(tmp_path / "on")[8:]
+    launch(tmp_path / "on", val)
+    again = metrics(tmp_path / "on")[8:]
     assert [r["step"] for r in again] == list(range(4, 9))
     strip = lambda r: {k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in again] == [strip(r) for r in on[3:]]
@@ -175,35 +137,27 @@ def _eval_report(
 @pytest.mark.parametrize("data,layout", [("task", "dp2"), ("text", "dp2"), ("text", "tp2"), ("task", "zero3")])
 def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
     steps, val_steps, mb = 4, 3, 4
-    extra = [
-        "--training.steps",
-        str(steps),
-        "--checkpoint.enable",
-        "true",
-        "--checkpoint.interval",
-        str(steps),
-        "--checkpoint.mode",
-        "sync",
-        "--validation.enable",
-        "true",
-        "--validation.freq",
-        str(steps),
-        "--validation.steps",
-        str(val_steps),
-        "--validation.batch_size",
-        str(mb),
-    ]
+    overrides = {
+        "training.steps": steps,
+        "checkpoint.enable": True,
+        "checkpoint.interval": steps,
+        "checkpoint.mode": "sync",
+        "validation.enable": True,
+        "validation.freq": steps,
+        "validation.steps": val_steps,
+        "validation.batch_size": mb,
+    }
     if data == "task":
-        extra += TASK_ARGS
+        overrides.update(TASK_DATA)
     if layout == "tp2":
-        extra += ["--parallelism.tp", "2"]
+        overrides["parallelism.tp"] = 2
     if layout == "zero3":  # DeepSpeed ZeRO-3: parameters gathered by the engine's forward
-        extra += ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"]
+        overrides.update({"parallelism.engine": "deepspeed", "parallelism.zero_stage": 3})
     run = tmp_path / "run"
-    launch(run, *extra)
-    val = records(run)[-1]
+    launch(run, overrides)
+    val = metrics(run)[-1]
     assert val["step"] == steps
-    cfg = load_config(DEBUG, extra, world_size=2)
+    cfg = load_config(DEBUG, override_args(overrides), world_size=2)
     dp = 1 if layout == "tp2" else 2
     loops, qs = cfg.validation.loop_counts(cfg.loop_sampler.n_loops, cfg.looplm), cfg.validation.q
     ckpt = run / "checkpoints" / f"step-{steps:08d}"

@@ -166,7 +166,7 @@ class LoopLMConfig:
         Loops count: the shared stack's matmuls and attention run `n_loops` times. `readouts` is how
         many loops are decoded by the LM head (all of them in per-loop training; default n_loops); coda
         layers run once per decoded loop. training=True counts forward+backward (x3 of forward), False
-        counts the forward only. Checked against torch.utils.flop_counter in tests/test_flops.py.
+        counts the forward only. Checked against torch.utils.flop_counter in tests/test_model_flops.py.
         """
         t = self.n_loops if n_loops is None else n_loops
         readouts = t if readouts is None else readouts

@@ -6,7 +6,7 @@ FLOP counting; torch ships only CUDA kernels for the two ops. `register()` adds 
 per document, PyTorch's CPU flash-attention kernel (`aten._scaled_dot_product_flash_attention_for_cpu`)
 forward and its analytic backward (`..._for_cpu_backward`), with the documents read from cu_seqlens. With
 them, the exact op the CUDA path calls, with its autograd and its fake implementation, runs and compiles
-(torch.compile fullgraph=True) on CPU: tests/test_attention_varlen.py uses this to check the CUDA code path
+(torch.compile fullgraph=True) on CPU: tests/test_model_attention_varlen.py uses this to check the CUDA code path
 against the dense-mask SDPA reference, for graph breaks and for recompiles.
 
 It computes what per-document SDPA computes (same kernel, same work), so it is not faster than

@@ -12,7 +12,7 @@ titanloop.model.varlen_cpu. `nn.Module.compile` keeps parameter names unchanged 
 checkpoints and the HF adapter are unaffected.
 
 `fullgraph_check` runs a compiled model over several loop counts and document batches and counts graph
-breaks and graphs: tests/test_attention_varlen.py on CPU, and a GPU check on CUDA.
+breaks and graphs: tests/test_model_attention_varlen.py on CPU, and a GPU check on CUDA.
 """
 
 from __future__ import annotations

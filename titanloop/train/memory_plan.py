@@ -204,7 +204,7 @@ def plan_memory(
     )
     # Document masking is planned as causal attention (same memory with varlen / flash varlen). Fake tensors
     # run the CUDA varlen path's forward only (with a ShapeEnv for the data-dependent cu_seqlens); its backward
-    # needs a real CUDA context (tests/test_attention_varlen.py), and the CPU kernels differ.
+    # needs a real CUDA context (tests/test_model_attention_varlen.py), and the CPU kernels differ.
     planned = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, doc_masking=False))
     ramp = cfg.training.batch_ramp()
     accum = micro_batches_per_rank(

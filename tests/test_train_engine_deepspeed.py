@@ -28,37 +28,24 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from test_parallel_layouts import DEBUG, REPO, env
+from launch import DEBUG, REPO, environment, metrics, start, train
 
 pytestmark = pytest.mark.slow
 STEPS, NAN_STEP = 20, 7
-COMMON = [
-    "--training.steps",
-    str(STEPS),
-    "--metrics.log_freq",
-    "1",
-    "--training.inject_nan_steps",
-    f"[{NAN_STEP}]",
-    "--checkpoint.enable",
-    "true",
-    "--checkpoint.interval",
-    "10",
-]
+COMMON = {
+    "training.steps": STEPS,
+    "metrics.log_freq": 1,
+    "training.inject_nan_steps": [NAN_STEP],
+    "checkpoint.enable": True,
+    "checkpoint.interval": 10,
+}
 ZERO = {
-    2: [
-        "--parallelism.engine",
-        "deepspeed",
-        "--parallelism.zero_stage",
-        "2",
-        "--parallelism.zero_offload",
-        "optimizer",
-    ],
-    3: ["--parallelism.engine", "deepspeed", "--parallelism.zero_stage", "3"],
+    2: {"parallelism.engine": "deepspeed", "parallelism.zero_stage": 2, "parallelism.zero_offload": "optimizer"},
+    3: {"parallelism.engine": "deepspeed", "parallelism.zero_stage": 3},
 }
 # relative tolerances, see the module docstring
 LOSS_1_10, NORM_1_10, LOSS_11_20, MEAN_LOSS, MEAN_NORM = 1e-4, 2e-3, 3e-2, 1e-2, 0.3
@@ -68,50 +55,22 @@ LOSS_1_10, NORM_1_10, LOSS_11_20, MEAN_LOSS, MEAN_NORM = 1e-4, 2e-3, 3e-2, 1e-2,
 RESUME_LOSS, RESUME_NORM = 1e-6, 1e-4
 
 
-def cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "titanloop.train",
-        "--config",
-        DEBUG,
-        *COMMON,
-        "--training.run_dir",
-        str(run_dir),
-        *extra,
-    ]
-
-
-def launch(run_dir: Path, *extra: str) -> str:
-    proc = subprocess.run(cmd(run_dir, *extra), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
+def launch(run_dir: Path, overrides: dict | None = None) -> str:
+    return train(run_dir, {**COMMON, **(overrides or {})}).out
 
 
 def records(run_dir: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r for r in metrics(run_dir)}
 
 
-def preempt(run_dir: Path, at_step: int, *extra: str) -> str:
+def preempt(run_dir: Path, at_step: int, overrides: dict) -> str:
     """Launch, send SIGUSR1 to the workers once `at_step` is logged, wait for the preemption exit."""
-    import psutil
-
-    proc = subprocess.Popen(
-        cmd(run_dir, *extra), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    jsonl, deadline = run_dir / "metrics.jsonl", time.time() + 240
-    while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= at_step - 1):  # NAN_STEP is not logged
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-4000:]
-        time.sleep(0.05)
-    for worker in psutil.Process(proc.pid).children():
-        worker.send_signal(signal.SIGUSR1)
-    out = proc.communicate(timeout=240)[0]
-    assert proc.returncode != 0 and "exiting with code 75" in out, out[-4000:]
+    job = start(run_dir, {**COMMON, **overrides})
+    job.wait_for_step(at_step)  # NAN_STEP is not logged
+    job.signal_workers(signal.SIGUSR1)
+    code = job.finish(timeout=240)
+    out = job.out
+    assert code != 0 and "exiting with code 75" in out, out[-4000:]
     return out
 
 
@@ -125,15 +84,15 @@ def checkpoint_tensors(step_dir: Path) -> dict:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
     out = {}
-    for name, extra in {"fsdp2": [], "zero2": ZERO[2], "zero3": ZERO[3]}.items():
-        out[name] = launch(root / name, *extra)
+    for name, overrides in {"fsdp2": {}, "zero2": ZERO[2], "zero3": ZERO[3]}.items():
+        out[name] = launch(root / name, overrides)
     pre = root / "preempted"
-    out["preempted"] = preempt(pre, 13, *ZERO[3], "--metrics.wandb", "offline")
-    out["resumed"] = launch(pre, *ZERO[3], "--metrics.wandb", "offline")
+    out["preempted"] = preempt(pre, 13, {**ZERO[3], "metrics.wandb": "offline"})
+    out["resumed"] = launch(pre, {**ZERO[3], "metrics.wandb": "offline"})
     resume_from(root / "zero3", root / "crossed")
     out["crossed"] = launch(root / "crossed")
     resume_from(root / "fsdp2", root / "crossed_back")
-    out["crossed_back"] = launch(root / "crossed_back", *ZERO[3])
+    out["crossed_back"] = launch(root / "crossed_back", ZERO[3])
     resume_from(root / "zero3", root / "crossed_no_adam", drop_adam_state=True)
     out["crossed_no_adam"] = launch(root / "crossed_no_adam")
     return root, out
@@ -229,7 +188,7 @@ def test_zero_matches_fsdp2_over_20_steps(runs, stage):
 def test_preempted_zero3_resumes_bitwise(runs):
     root, out = runs
     pre, ref = root / "preempted", root / "zero3"
-    got = [json.loads(line) for line in (pre / "metrics.jsonl").read_text().splitlines()]
+    got = metrics(pre)
     expected = records(ref)
     keys = ("loss", "grad_norm", "lr", "ce", "exit_prob", "hidden_rms", "gate_entropy", "skipped_steps")
     # each step logged once: the second launch resumed from the preemption checkpoint, it did not restart
@@ -291,14 +250,14 @@ def test_tensor_parallel_is_refused_in_one_line():
             "-m",
             "titanloop.train",
             "--config",
-            DEBUG,
+            str(DEBUG),
             "--parallelism.engine",
             "deepspeed",
             "--parallelism.tp",
             "2",
         ],
         cwd=REPO,
-        env={**env(), "WORLD_SIZE": "2"},
+        env=environment({"WORLD_SIZE": "2"}),
         capture_output=True,
         text=True,
         timeout=120,

@@ -69,7 +69,7 @@ def test_sdpa_per_doc_gradients_match_masked_sdpa():
 
 def test_kernel_choice_per_device_and_backend(monkeypatch):
     cpu, cuda, bf16, f32 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16, torch.float32
-    monkeypatch.setattr(attn, "_TORCH_VARLEN", None)  # torch's varlen_attn: tests/test_attention_varlen.py
+    monkeypatch.setattr(attn, "_TORCH_VARLEN", None)  # torch's varlen_attn: tests/test_model_attention_varlen.py
     monkeypatch.setattr(attn, "_flash_attn_varlen_func", None)
     assert attn.document_kernel("auto", cpu, f32) == "sdpa_per_doc"  # size unknown: counted as large
     assert attn.document_kernel("auto", cuda, bf16) == "flex"  # no flash-attn: FlexAttention (has a CUDA backward)

@@ -5,16 +5,16 @@ ranks and under FSDP2, FSDP2 x TP and per-layer activation checkpointing (whose 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from launch import run
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 SEED = 1234
 # (world size, tp, activation checkpointing); dp_shard = world / tp
 LAYOUTS = {2: [(1, "none")], 4: [(1, "layer"), (2, "none")]}
@@ -66,25 +66,8 @@ def test_gathered_init_is_identical_at_1_2_4_ranks(tmp_path):
     from titanloop.model import LoopLM
     from titanloop.train.config import load_config
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for world in LAYOUTS:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={world}",
-                __file__,
-                str(tmp_path),
-            ],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run(world, __file__, str(tmp_path), timeout=300)
     # the reference: one process, the full model built on CPU from the same seed
     cfg = load_config(None, _overrides(1, "none"), world_size=1)
     torch.manual_seed(SEED)

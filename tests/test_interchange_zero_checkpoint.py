@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from launch import DEBUG, REPO, environment, run
 from test_interchange import ouro_reference
-from test_parallel_layouts import DEBUG, REPO, env
 
 pytestmark = pytest.mark.slow
 
@@ -22,24 +22,7 @@ pytestmark = pytest.mark.slow
 def imported(tmp_path_factory):
     root = tmp_path_factory.mktemp("zero_import")
     ds_dir, run_dir = root / "deepspeed", root / "imported"
-    driver = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(REPO / "tests" / "deepspeed_native_driver.py"),
-            str(ds_dir),
-            "3",
-        ],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert driver.returncode == 0, (driver.stdout + driver.stderr)[-4000:]
+    run(2, str(REPO / "tests" / "deepspeed_native_driver.py"), str(ds_dir), "3", timeout=300)
     cli = subprocess.run(
         [
             sys.executable,
@@ -47,12 +30,12 @@ def imported(tmp_path_factory):
             "titanloop.train.zero_import",
             str(ds_dir),
             "--config",
-            DEBUG,
+            str(DEBUG),
             "--out",
             str(run_dir),
         ],
         cwd=REPO,
-        env=env(),
+        env=environment(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -106,12 +89,12 @@ def test_bad_input_is_one_line(tmp_path):
             "titanloop.train.zero_import",
             str(tmp_path),
             "--config",
-            DEBUG,
+            str(DEBUG),
             "--out",
             str(tmp_path / "out"),
         ],
         cwd=REPO,
-        env=env(),
+        env=environment(),
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tomllib
@@ -24,8 +23,7 @@ from titanloop.checkpoint.loading import _model_config_from_manifest, trained_de
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
-DEBUG = REPO / "train_configs" / "debug.toml"
+from launch import DEBUG, REPO, SMALL_BATCH, environment, train
 
 
 def test_a_moved_key_is_refused_in_one_line_naming_its_new_home(tmp_path):
@@ -94,40 +92,15 @@ def test_loading_a_checkpoint_gives_the_model_its_trained_depth():
 @pytest.mark.slow
 def test_sampler_alone_trains_and_evaluates_at_its_depth(tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "titanloop.train",
-        "--config",
-        str(DEBUG),
-        "--training.run_dir",
-        str(run_dir),
-        "--training.steps",
-        "3",
-        "--training.seq_len",
-        "32",
-        "--training.micro_batch_size",
-        "2",
-        "--training.global_batch_size",
-        "4",
-        "--loop_sampler.n_loops",
-        "8",
-        "--checkpoint.enable",
-        "true",
-        "--checkpoint.interval",
-        "3",
-        "--metrics.log_freq",
-        "1",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["n_loops"] for r in rows] == [8, 8, 8]
+    overrides = {
+        **SMALL_BATCH,
+        "training.steps": 3,
+        "loop_sampler.n_loops": 8,
+        "checkpoint.enable": True,
+        "checkpoint.interval": 3,
+        "metrics.log_freq": 1,
+    }
+    assert [r["n_loops"] for r in train(run_dir, overrides).rows] == [8, 8, 8]
     manifest = json.loads((run_dir / "checkpoints" / "step-00000003" / "titanloop.json").read_text())
     assert manifest["trained_depth"] == {"kind": "fixed", "n_loops": 8, "min": 8, "max": 8}
 
@@ -155,7 +128,7 @@ def test_sampler_alone_trains_and_evaluates_at_its_depth(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
+        env=environment(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())

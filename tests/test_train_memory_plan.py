@@ -22,17 +22,16 @@ import gc
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from launch import DEBUG, run
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "train_configs" / "debug.toml"
 OVERRIDES = [
     "--model.hidden_size",
     "256",
@@ -70,7 +69,7 @@ def _worker(out: str, tp: int) -> None:
     from titanloop.train.startup import init_mesh, param_dtype
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = load_config(CONFIG, _overrides(world, tp), world_size=world)
+    cfg = load_config(DEBUG, _overrides(world, tp), world_size=world)
     mesh = init_mesh(cfg)
     dtype = param_dtype(cfg, "cpu")
     assert dtype == torch.bfloat16
@@ -89,7 +88,7 @@ def _plan(world: int, tp: int):
     from titanloop.train.config import load_config
     from titanloop.train.dry_run import dry_run
 
-    cfg = load_config(CONFIG, _overrides(world, tp), world_size=world)
+    cfg = load_config(DEBUG, _overrides(world, tp), world_size=world)
     report = dry_run(cfg, world, memory_plan=True)
     assert "peak" in report.text()
     return report.memory_plan
@@ -111,25 +110,7 @@ def test_optimizer_memory_is_the_two_moments_and_one_micro_batch_peaks_in_backwa
 @pytest.mark.parametrize("world,tp", [(1, 1), (2, 1), (2, 2)])  # (2, 2): tensor parallel, dp 1 x tp 2
 def test_plan_matches_measured_peak(world, tp, tmp_path):
     out = tmp_path / "peak.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={world}",
-            __file__,
-            str(out),
-            str(tp),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run(world, __file__, str(out), str(tp), env={"MALLOC_MMAP_THRESHOLD_": "65536"})
     real = json.loads(out.read_text())
     memory_plan = _plan(world, tp)
     plan, rss, tracked = memory_plan.peak, real["measured"], real["tracked"]

@@ -1,0 +1,43 @@
+"""What several test files share besides launching (tests/launch.py): comparing a resumed run with an uninterrupted
+one bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from titanloop.checkpoint import layout
+from titanloop.checkpoint.safe_reader import read_dcp_entries
+
+from launch import metrics
+
+TIMING_KEYS = {"tokens_per_s", "tflops", "mfu"}  # wall-clock figures (and time/...): not expected to repeat
+
+
+def history(run_dir: Path) -> dict[int, list[dict]]:
+    """step -> every record logged for it (a step re-run after a fallback is logged again), timings removed."""
+    out: dict[int, list[dict]] = {}
+    for row in metrics(run_dir):
+        rec = {k: v for k, v in row.items() if k not in TIMING_KEYS and not k.startswith("time/")}
+        out.setdefault(rec["step"], []).append(rec)
+    return out
+
+
+def final_state(run_dir: Path, step: int) -> tuple[dict, dict]:
+    """(every DCP entry, the JSON states) of the run's checkpoint of `step`."""
+    ckpt = run_dir / "checkpoints" / layout.step_dir_name(step)
+    return read_dcp_entries(ckpt), layout.read_manifest(ckpt)["states"]
+
+
+def assert_bitwise_same_run(got_dir: Path, ref_dir: Path, steps: int) -> None:
+    """Two runs of `steps` steps: the final checkpoints' tensors bit for bit (model and optimizer among them) and
+    JSON states, and every logged step's record (each of a step logged again after a fallback), timings aside."""
+    (got, got_states), (ref, ref_states) = final_state(got_dir, steps), final_state(ref_dir, steps)
+    assert got.keys() == ref.keys()
+    assert any(k.startswith("model/") for k in ref) and any(k.startswith("optimizer/") for k in ref)
+    different = [k for k in ref if got[k].numpy().tobytes() != ref[k].numpy().tobytes()]  # bits (NaN == NaN)
+    assert not different, f"{len(different)} tensors differ from the uninterrupted run, e.g. {different[:3]}"
+    assert got_states == ref_states  # LR schedule, data loader position, step/token counters
+    got_h, ref_h = history(got_dir), history(ref_dir)
+    assert sorted(got_h) == sorted(ref_h) == list(range(1, steps + 1))
+    for step, records in got_h.items():
+        assert all(r == ref_h[step][0] for r in records), (step, records, ref_h[step][0])
