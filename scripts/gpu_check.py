@@ -31,7 +31,7 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
 
 Without CUDA it prints one line and exits 1. `--write-plans FILE` needs no GPU: it computes the memory plans of the
 training runs (fake backend) so that a GPU call spends no time on them. Everything but the CUDA runs is tested on
-CPU (tests/test_gpu_check.py).
+CPU (tests/test_scripts_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ RESULT_JSON = ROOT / "benchmarks" / "results" / "gpu_check.json"
 TRAIN_CONFIG = ROOT / "train_configs" / "debug.toml"
 SCRIPT = Path(__file__).resolve()
 
-MEMORY_PLAN_RTOL = 0.15  # the plan's stated accuracy (tests/test_memory_plan.py checks it on CPU)
+MEMORY_PLAN_RTOL = 0.15  # the plan's stated accuracy (tests/test_train_memory_plan.py checks it on CPU)
 FLOAT8_LOSS_RTOL = 0.03  # float8 vs bf16 loss at the same step (a-priori allowance, see docs/scaling.md)
 LOSS_WINDOW = 4  # logged steps averaged at the end of a run
 STEPS = 60

@@ -141,7 +141,7 @@ def parse_args(argv):
         "--smoke",
         action="store_true",
         help="tiny sizes (a 15M-parameter stand-in for the 1.4B shape, a few training steps); with --device cpu "
-        "(the default for --smoke) this is the CPU run tests/test_gpu_eval_check.py makes",
+        "(the default for --smoke) this is the CPU run tests/test_scripts_gpu_eval_check.py makes",
     )
     p.add_argument("--device", default=None, help="cuda (default) or cpu (default with --smoke)")
     p.add_argument("--tokens", type=int, default=None, help="tokens for the 1.4B sweep (default 1048576; smoke 512)")

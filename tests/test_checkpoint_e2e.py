@@ -1,4 +1,4 @@
-"""End to end: real torchrun runs of tests/test_checkpoint_tinytrain.py, interrupted by real signals.
+"""End to end: real torchrun runs of tests/checkpoint_tinytrain_driver.py, interrupted by real signals.
 
 - bitwise resume: 2 ranks interrupted by SIGUSR1 (to the workers, as slurm/launch_node.sh forwards it),
   SIGTERM (to torchrun, which forwards it) and SIGKILL (everything; falls back to the last periodic save),
@@ -22,7 +22,7 @@ import torch
 from launch import REPO, Launch, next_log
 
 pytestmark = pytest.mark.slow
-DRIVER = REPO / "tests" / "test_checkpoint_tinytrain.py"
+DRIVER = REPO / "tests" / "checkpoint_tinytrain_driver.py"
 
 
 class Run(Launch):

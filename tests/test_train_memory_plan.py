@@ -100,7 +100,7 @@ def test_optimizer_memory_is_the_two_moments_and_one_micro_batch_peaks_in_backwa
 
     for micro_batches in (1, 2):
         overrides = OVERRIDES + ["--training.global_batch_size", str(2 * micro_batches)]
-        plan = dry_run(load_config(CONFIG, overrides, world_size=1), 1, memory_plan=True).memory_plan
+        plan = dry_run(load_config(DEBUG, overrides, world_size=1), 1, memory_plan=True).memory_plan
         params = plan.rows["parameters (sharded)"]
         # exp_avg + exp_avg_sq, fp32, sharded as the params (and a 4-byte step counter per parameter)
         assert plan.rows["optimizer"] == pytest.approx(2 * params, abs=4096), plan.rows

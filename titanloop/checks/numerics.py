@@ -171,9 +171,9 @@ def bf16_logits_check(
     seed: int = 0,
 ) -> Check:
     """Train a LoopLM for `steps` steps in fp32 on the previous-token task (`train_fp32`), then
-    `bf16_logits_verdict`. The defaults are the configuration whose margins tests/test_gpu_check.py measures on CPU
-    (2 layers; with 4 layers, debug-small, the bf16 / weights-only ratio was 2.6 instead of 1.7: it grows with
-    depth, so BF16_SITES is not claimed for deeper models)."""
+    `bf16_logits_verdict`. The defaults are the configuration whose margins tests/test_scripts_gpu_check.py measures
+    on CPU (2 layers; with 4 layers, debug-small, the bf16 / weights-only ratio was 2.6 instead of 1.7: it grows
+    with depth, so BF16_SITES is not claimed for deeper models)."""
     cfg = preset(preset_name, vocab_size=vocab_size)
     return bf16_logits_verdict(*train_fp32(cfg, device, steps, seq_len, batch, lr, seed), steps=steps)
 

@@ -1,6 +1,6 @@
 """A small real training run that the checkpoint tests drive with torchrun and signals (no tests here).
 
-    torchrun --nproc_per_node 2 tests/test_checkpoint_tinytrain.py --run-dir RUN --steps 16 --interval 4
+    torchrun --nproc_per_node 2 tests/checkpoint_tinytrain_driver.py --run-dir RUN --steps 16 --interval 4
 
 LoopLM (debug-tiny) + AdamW + warmup/cosine LambdaLR + titanloop.data synthetic_text loader, data parallel over gloo,
 deterministic CPU kernels. Auto-resumes from RUN; on SIGUSR1/SIGTERM saves and exits with code 75; at the end
