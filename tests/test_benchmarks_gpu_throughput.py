@@ -10,6 +10,7 @@ import dataclasses
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,17 @@ def test_trace_summary_without_cuda_uses_outermost_cpu_operators():
         ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>", "kernel", "gemm"),
         ("aten::addmm", "cpu_op", "gemm"),
         ("triton_tem_fused_flex_attention_0", "kernel", "attention"),
+        # attention kernels built from GEMM pieces: attention, not gemm
+        (
+            "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)",
+            "kernel",
+            "attention",
+        ),
+        (
+            "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
+            "kernel",
+            "attention",
+        ),
         ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>", "kernel", "attention"),
         ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", "nccl"),
         ("triton_red_fused__to_copy_mean_pow_1", "kernel", "elementwise"),
@@ -386,22 +398,55 @@ def _cli(*args, timeout=120):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the no-CUDA path cannot be shown")
-def test_cli_without_cuda_help_plan_and_bad_input():
+def test_cli_without_cuda_help_and_plan():
     no_cuda = _cli()
     assert no_cuda.returncode == 1 and no_cuda.stdout.count("\n") == 1 and "no CUDA device" in no_cuda.stdout
     helped = _cli("--help")
     assert helped.returncode == 0 and "--smoke" in helped.stdout and "looped vs dense" in helped.stdout.lower()
     plan = _cli("--plan")
-    assert plan.returncode == 0 and "estimated" in plan.stdout and "budget 450 s" in plan.stdout
-    for bad, says in [
+    estimate = float(re.search(r"estimated (\d+) s on one H100 \(budget 450 s", plan.stdout).group(1))
+    assert plan.returncode == 0 and estimate <= 450 and "(profiled)" in plan.stdout
+    bad = _cli("--setting", "2:loop")  # one line on stderr, exit 2
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "expected MB:AC:PRECISION" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "bad,says",
+    [
         (["--setting", "2:loop"], "expected MB:AC:PRECISION"),
         (["--setting", "2:loop:fp4"], "precision 'fp4'"),
+        (["--setting", "0:loop:off"], "must be >= 1"),
+        (["--setting", "x:loop:off"], "must be integers"),
         (["--steps", "3", "--warmup", "3"], "no step would be measured"),
+        (["--steps", "0"], "expected an integer >= 1"),
+        (["--budget-s", "-5"], "expected seconds > 0"),
         (["--commit", "abc"], "40-digit"),
         (["--full", "--setting", "1:loop:off"], "not allowed with"),
-    ]:
-        proc = _cli(*bad)
-        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (bad, proc.stderr)
+    ],
+)
+def test_bad_input_is_one_line(bad, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        gt.parse_args(bad)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and err.count("\n") == 1 and err.endswith("(see --help)\n"), err
+
+
+def test_settings_and_matrices():
+    assert gt.parse_setting("4:selective:tensorwise:8") == gt.Setting(4, "selective", "tensorwise", 8)
+    assert gt.parse_args(["--setting", "2:loop:off"]).settings == [gt.SHIPPED]
+    a = gt.parse_args(["--smoke"])
+    assert gt.matrix_of(a) == gt.SMOKE_MATRIX and (a.steps, a.warmup) == (gt.SMOKE_STEPS, gt.SMOKE_WARMUP)
+    assert (
+        gt.matrix_of(gt.parse_args([])) == gt.DEFAULT_MATRIX
+        and gt.matrix_of(gt.parse_args(["--full"])) == gt.FULL_MATRIX
+    )
+    assert gt.make_context(gt.parse_args([]), Path(".")).budget_s == gt.BUDGET_S
+    assert gt.make_context(gt.parse_args(["--full"]), Path(".")).budget_s is None
+    assert gt.SHIPPED.overrides() == ["--parallelism.activation_checkpoint", "loop"]
+    assert gt.Setting(2, "loop", extra=(("optimizer.implementation", "fused"),)).overrides()[-2:] == [
+        "--optimizer.implementation",
+        "fused",
+    ]
 
 
 @pytest.mark.slow
