@@ -28,15 +28,20 @@ The result is benchmarks/results/gpu_throughput.json (benchmarks/report.py schem
 renders it into BENCHMARKS.md), with targets: MFU >= 0.40 for bf16 at T = 4 in the shipped setting
 (train_configs/ouro_1p4b.toml: 2 sequences, per-loop AC), float8 / bf16 tokens/s >= 1.15, looped / dense >= 1.0.
 
-    # on the GPU machine (shared/GPU.md: wheels installed into /tmp/site), one call:
-    python3 benchmarks/gpu_throughput.py --artifacts "$OUT"     # default matrix, fits 8 minutes (--plan: estimate)
+    # one call on the GPU machine, with the wheels of shared/GPU.md downloaded into .whl/ beforehand (the json has
+    # to name the commit: the machine's copy of the checkout has no .git; the results come back through $OUT):
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=offline \
+      && python3 benchmarks/gpu_throughput.py --artifacts "$OUT" --commit <HEAD>   # default matrix, <= 8 minutes
     python3 benchmarks/gpu_throughput.py --full                 # every micro-batch x AC x precision (~40 min)
     python3 benchmarks/gpu_throughput.py --setting 2:loop:off --setting 4:loop:tensorwise:8   # chosen rows
     python benchmarks/gpu_throughput.py --plan                 # the plan and its time estimate (no GPU needed)
     python benchmarks/gpu_throughput.py --smoke --out /tmp/g.json   # CPU: the whole pipeline at tiny sizes
 
-Rows run in priority order (the shipped setting and the comparison first); a row whose estimate no longer fits
---budget-s is reported as skipped, so one call never overruns. Without CUDA (and without --smoke or --plan) it
+Rows run in priority order (the shipped setting and the comparison first); a row whose estimate (scaled by how
+much slower than estimated the runs so far were) no longer fits --budget-s is reported as skipped, and a run is
+stopped at the budget, so one call does not overrun. --artifacts receives every run's log, the gzipped trace and a
+copy of the json. Without CUDA (and without --smoke or --plan) it
 prints one line and exits 1.
 """
 
