@@ -46,7 +46,8 @@ contradicts its own numbers is refused. Numbers are rendered as written in the j
 significant digits unless stored as strings).
 
 A result that needs hardware this machine lacks (`PENDING`: gpu_check.json, written by scripts/gpu_check.sh on a
-CUDA machine) is rendered as a "not yet run" section until its json is committed; nothing is made up for it.
+CUDA machine; gpu_throughput.json, written by benchmarks/gpu_throughput.py on one GPU) is rendered as a "not yet
+run" section until its json is committed; nothing is made up for it.
 """
 
 from __future__ import annotations
@@ -142,6 +143,13 @@ MEASURES: dict[str, list[str]] = {
     "network_per_step": ["benchmarks/network_per_step.py", "slurm/", *_TRAINER],
     "scaling_on_paper": ["benchmarks/scaling_on_paper.py", "benchmarks/common.py", "titanloop/model/config.py"],
     "gpu_check": ["scripts/gpu_check.py", "scripts/gpu_check.sh", *_TRAINER],
+    # the benchmark, its torchtitan harness, gpu_check's training-run helpers it launches with, and the trainer
+    "gpu_throughput": [
+        "benchmarks/gpu_throughput.py",
+        "benchmarks/torchtitan_dense.py",
+        "scripts/gpu_check.py",
+        *_TRAINER,
+    ],
 }
 _STALE_LINE = re.compile(r"^Measured at commit .*$", re.M)
 
@@ -203,6 +211,24 @@ PENDING = {
             "`benchmarks/results/gpu_check.json` (every check's PASS/FAIL with its numbers; tokens/s/GPU, MFU "
             "and peak memory vs plan at T = 4 and T = 8, bf16 and float8; device, torch version, commit) and "
             "this section shows it. What to expect meanwhile: docs/scaling.md (expectations, not measurements)."
+        ],
+    },
+    "gpu_throughput": {
+        "title": "GPU throughput: Ouro-1.4B matrix, profile, looped vs dense",
+        "order": 6,
+        "command": "python benchmarks/gpu_throughput.py --artifacts $OUT",
+        "date": "not yet run",
+        "machine": "needs one CUDA GPU (an H100: one call of at most 8 minutes, wheels included)",
+        "pending": True,
+        "summary": [{"row": "gpu_throughput", "measured": "not yet run on a GPU", "target": None, "met": None}],
+        "notes": [
+            "Not yet run on a GPU. `python benchmarks/gpu_throughput.py` on one H100 writes "
+            "`benchmarks/results/gpu_throughput.json`: tokens/s/GPU, MFU and peak memory of the Ouro-1.4B shape "
+            "(T = 4, 4K tokens, FSDP2, compile, document masking) over sequences per step x activation-checkpoint "
+            "policy x float8 recipe, then T = 8 for the fastest setting; a profile of the shipped setting (kernel time "
+            "by category); titanloop looped (6 layers x T = 4) vs torchtitan's own dense trainer at equal FLOPs per "
+            "token. Targets: MFU >= 0.40 (bf16, T = 4, shipped setting), float8 / bf16 >= 1.15, looped / dense >= "
+            "1.0. `--plan` prints the plan and its time estimate; `--smoke` runs it all on CPU at tiny sizes."
         ],
     },
 }
