@@ -143,6 +143,7 @@ MEASURES: dict[str, list[str]] = {
     "network_per_step": ["benchmarks/network_per_step.py", "slurm/", *_TRAINER],
     "scaling_on_paper": ["benchmarks/scaling_on_paper.py", "benchmarks/common.py", "titanloop/model/config.py"],
     "gpu_check": ["scripts/gpu_check.py", "scripts/gpu_check.sh", *_TRAINER],
+    "gpu_eval": ["scripts/gpu_eval_check.py", *_TRAINER],
     # the benchmark, its torchtitan harness, gpu_check's training-run helpers it launches with, and the trainer
     "gpu_throughput": [
         "benchmarks/gpu_throughput.py",
@@ -198,6 +199,20 @@ _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt
 # Sections rendered before their json exists, because the json needs hardware this machine lacks; a committed
 # json replaces the placeholder.
 PENDING = {
+    "gpu_eval": {
+        "title": "GPU evaluation and generation",
+        "order": 6,
+        "command": "python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval.json",
+        "date": "not yet run",
+        "machine": "needs a CUDA machine",
+        "pending": True,
+        "summary": [{"row": "gpu_eval_check", "measured": "not yet run on a GPU", "target": None, "met": None}],
+        "notes": [
+            "Not yet run on a GPU. The eval CLI's device and dtype, validation equal to eval in bf16, KV-cache "
+            "generation equal to a full forward, the HF export's greedy tokens, loading straight to the device, and "
+            "the 1.4B depth sweep over >= 1M tokens and generation speed (issue 36)."
+        ],
+    },
     "gpu_check": {
         "title": "GPU check: the fast path on CUDA",
         "order": 5,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Evaluation and generation on the GPU (issue 36): one run that checks and measures, written to one JSON.
 
-    python scripts/gpu_eval_check.py --out runs/gpu_eval_check.json   # a CUDA machine, sized for <= 8 min
+    python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval.json   # a CUDA machine, sized for <= 8 min
     python scripts/gpu_eval_check.py --smoke --out /tmp/smoke.json   # tiny sizes on the CPU (2-3 min on 2 cores)
 
 Rows (each PASS, FAIL or SKIP with its numbers; the script exits 1 if any row FAILs):
@@ -49,8 +49,10 @@ Rows (each PASS, FAIL or SKIP with its numbers; the script exits 1 if any row FA
         Greedy generation with the full KV cache at T = 4, batch 1 and 16: tokens/s overall and for decoding
         alone (prefill subtracted).
 
-The JSON: command, device, torch / CUDA / transformers versions, git commit, sizes, every row, a summary.
-It is rewritten after every row, so a run cut short still leaves the rows it finished. Works with torch 2.11.
+The JSON follows the schema of benchmarks/report.py (title, command, date, machine, commit, summary rows, a table
+of every row), so committed as benchmarks/results/gpu_eval.json it renders into BENCHMARKS.md; everything the script
+measured (device, torch / CUDA / transformers versions, sizes, every row's numbers) is under "result". It is
+rewritten after every row, so a run cut short still leaves the rows it finished. Works with torch 2.11.
 """
 
 from __future__ import annotations
@@ -209,8 +211,38 @@ class Report:
         self.data["seconds"] = round(time.perf_counter() - self.start, 1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=_json_default) + "\n")
+        tmp.write_text(json.dumps(report_document(self.data), indent=2, default=_json_default) + "\n")
         os.replace(tmp, self.path)
+
+
+def report_document(data: dict) -> dict:
+    """The run in benchmarks/report.py's schema (what BENCHMARKS.md renders), with the raw data under "result"."""
+    rows, counts = data["rows"], data["summary"]
+    judged = counts["PASS"] + counts["FAIL"]
+    summary = [{"row": "gpu_eval_check: rows passed", "measured": f"{counts['PASS']}/{judged}", "target": "all"}]
+    summary[0]["met"] = judged > 0 and counts["FAIL"] == 0
+    by = {r["name"]: r for r in rows}
+    sweep = by.get("sweep_frontier_1p4b", {})
+    if sweep.get("status") == "PASS":
+        summary.append({"row": "1.4B sweep T=1..8 + exit frontier: tokens", "measured": sweep["tokens"]})
+        summary.append({"row": "1.4B sweep T=1..8 + exit frontier: seconds", "measured": sweep["seconds"]})
+    for res in by.get("generate_speed_1p4b", {}).get("results", []):
+        summary.append(
+            {"row": f"1.4B greedy generation, batch {res['batch']}: tokens/s", "measured": res["tokens_per_s"]}
+        )
+    table = [[r["name"], r["status"], r["seconds"], r.get("error") or r.get("reason") or ""] for r in rows]
+    return {
+        "title": "GPU evaluation and generation",
+        "order": 6,
+        "command": data["command"],
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "machine": f"{data['device']}, torch {data['torch']}" + (" (smoke sizes)" if data["smoke"] else ""),
+        "commit": data["git_commit"],
+        "summary": [{"target": None, "met": None, **row} for row in summary],
+        "tables": [{"title": "Rows", "columns": ["row", "status", "seconds", "detail"], "rows": table}],
+        "notes": ["Written by `scripts/gpu_eval_check.py` (issue 36); every row's numbers are in the json's result."],
+        "result": data,
+    }
 
 
 def _json_default(x):

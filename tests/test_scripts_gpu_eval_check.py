@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import report
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_eval_check.py"
 ROWS = [
@@ -53,7 +55,10 @@ def test_smoke_run_writes_every_row(tmp_path):
     out = tmp_path / "smoke.json"
     r = run("--smoke", "--out", str(out))
     assert out.is_file(), r.stdout[-3000:] + r.stderr[-3000:]
-    d = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    report.validate(out, doc)  # the schema BENCHMARKS.md renders (committed as benchmarks/results/gpu_eval.json)
+    assert doc["summary"][0]["row"] == "gpu_eval_check: rows passed" and doc["summary"][0]["met"] is True
+    d = doc["result"]
     failed = {row["name"]: row.get("error") or row for row in d["rows"] if row["status"] == "FAIL"}
     assert not failed, failed
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
