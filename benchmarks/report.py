@@ -88,32 +88,10 @@ noise. No GPU was available, so GPU figures are FLOP-model estimates and are lab
 
 _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
-# The code each result measures (repository paths; a folder covers everything under it), by result file stem.
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
-_CONFIG_MOVE = (
-    "the trainer's config moved beside its code (issue 37); a debug run's metrics.jsonl is bitwise equal before and "
-    "after (scripts/metrics_equal.py); to be re-measured once this round's trainer changes land"
-)
-_MOTIF_VOCAB = (
-    "synthetic_text gained data.motif_vocab (issue 34; the rows are the same at its default 0, tested); to be "
-    "re-measured with this round's other results"
-)
-KNOWN_STALE: dict[str, str] = {
-    **{
-        name: _CONFIG_MOVE
-        for name in (
-            "checkpoint_verify",
-            "communication",
-            "document_masking",
-            "engine_parity",
-            "memory_plan",
-            "network_per_step",
-        )
-    },
-    "data_loader": _MOTIF_VOCAB,
-    "data_locality": _MOTIF_VOCAB,
-}
+KNOWN_STALE: dict[str, str] = {}
 
+# The code each result measures (repository paths; a folder covers everything under it), by result file stem.
 # A result is stale when any of these changed since the commit it records.
 _MODEL = ["titanloop/model/"]
 # Code that only the README demo's kind of run executes: its config and the synthetic task generators (compose,
