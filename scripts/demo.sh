@@ -62,9 +62,11 @@ for seed in ${SEEDS//,/ }; do
     "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m titanloop.train \
         --config train_configs/demo.toml --training.seed "$seed" --data.seed "$seed" --training.run_dir "$run" \
         "${loops[@]}" "${TRAIN_ARGS[@]}" 2> >(grep -v "initial_load_model_only\|TORCH_NCCL_ASYNC" >&2)
-    # all 190 held-out depth-4 questions of the task (2 batches of 95)
+    # all 190 held-out depth-4 questions of the task (2 batches of 95), on the CPU in float32 as recorded, also on
+    # a machine with a GPU (the eval CLI would otherwise pick CUDA + bfloat16 there)
     "$PY" -m titanloop.eval sweep "$run/checkpoints" --data "$OUT/eval_data.json" --out "$OUT/eval/${variant}_s${seed}" \
-        --loops 1,2,3,4,6,8 --batch-size 95 --max-batches 2 --no-diagnostics > "$OUT/eval/${variant}_s${seed}.log"
+        --loops 1,2,3,4,6,8 --batch-size 95 --max-batches 2 --no-diagnostics \
+        --device cpu --dtype float32 > "$OUT/eval/${variant}_s${seed}.log"
   done
 done
 n_seeds=$(echo "$SEEDS" | tr ',' '\n' | wc -l)
