@@ -20,6 +20,18 @@ def run_demo(*args: str, timeout: int) -> subprocess.CompletedProcess:
     )
 
 
+def summarize(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python scripts/demo_summary.py ROOT ARGS` from the repo root, output captured."""
+    return subprocess.run(
+        [sys.executable, "scripts/demo_summary.py", str(root), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
 def fake_report(root: Path, variant: str, seed: int, trained: int, acc: list[float]):
     points = [
         {"loops": t, "loss": 2.0 - a, "perplexity": 1.0, "token_accuracy": a, "sequence_accuracy": a}
@@ -38,14 +50,7 @@ def test_summary_schema_and_table(tmp_path):
     for seed, (lo, hi) in {3: (0.4, 0.9), 5: (0.45, 0.8)}.items():
         fake_report(tmp_path, "looped", seed, 4, [0.3, 0.6, hi, 0.75])
         fake_report(tmp_path, "baseline", seed, 1, [lo, 0.2, 0.1, 0.1])
-    proc = subprocess.run(
-        [sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,5"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    proc = summarize(tmp_path, "--seeds", "3,5")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {
@@ -60,14 +65,7 @@ def test_summary_schema_and_table(tmp_path):
     assert curves["baseline"]["5"] == {"step": [1, 2], "ce": [[2.0], [1.0]]}
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000
     assert "1.000 0.500 0.333 0.250; 1.000" in proc.stdout  # final per-loop CE, looped and baseline
-    missing = subprocess.run(
-        [sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "3,7"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    missing = summarize(tmp_path, "--seeds", "3,7")
     assert missing.returncode != 0 and "looped_s7/report.json is missing" in missing.stderr
 
 
@@ -76,14 +74,13 @@ def test_summary_reports_the_iso_flop_model(tmp_path):
         fake_report(tmp_path, "looped", seed, 4, [0.1, 0.5, 1.0, 1.0])
         fake_report(tmp_path, "baseline", seed, 1, [0.5, 0.2, 0.1, 0.1])
         fake_report(tmp_path, "isoflop", seed, 1, [0.6 + 0.2 * seed, 0.2, 0.1, 0.1])
-    cmd = [sys.executable, "scripts/demo_summary.py", str(tmp_path), "--seeds", "0,1"]
-    proc = subprocess.run([*cmd, "--iso-flop"], cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    proc = summarize(tmp_path, "--seeds", "0,1", "--iso-flop")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["isoflop"] == {"T": 1, "heldout": [0.6, 0.8]} and summary["baseline"]["heldout"] == [0.5, 0.5]
     assert "iso-FLOP dense model (T x the layers, run once): 70.0% ± 14.1   ->   looped +30.0 points" in proc.stdout
     assert "   1 |  100.0% |   50.0% |   +50.0 |    80.0% |" in proc.stdout
-    plain = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    plain = summarize(tmp_path, "--seeds", "0,1")
     assert plain.returncode == 0 and "isoflop" not in json.loads((tmp_path / "summary.json").read_text())
 
 

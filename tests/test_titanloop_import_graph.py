@@ -104,14 +104,25 @@ def test_no_import_circle_among_titanloop_modules():
     assert not found, "import circle(s): " + "; ".join(detail)
 
 
-def test_the_checker_finds_a_circle_hidden_in_a_function(tmp_path):
-    """The checker itself can fail: a two-module circle whose second import sits inside a function."""
+def _toy_package(tmp_path, **sources: str) -> dict:
+    """A package `titanloop` under tmp_path with the given modules (name -> source); its module -> path map."""
     pkg = tmp_path / "titanloop"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from titanloop.b import g\n\ndef f():\n    return g()\n")
-    (pkg / "b.py").write_text("def g():\n    from titanloop.a import f\n    return f\n")
-    mods = {"titanloop": pkg / "__init__.py", "titanloop.a": pkg / "a.py", "titanloop.b": pkg / "b.py"}
+    mods = {"titanloop": pkg / "__init__.py"}
+    for name, source in sources.items():
+        (pkg / f"{name}.py").write_text(source)
+        mods[f"titanloop.{name}"] = pkg / f"{name}.py"
+    return mods
+
+
+def test_the_checker_finds_a_circle_hidden_in_a_function(tmp_path):
+    """The checker itself can fail: a two-module circle whose second import sits inside a function."""
+    mods = _toy_package(
+        tmp_path,
+        a="from titanloop.b import g\n\ndef f():\n    return g()\n",
+        b="def g():\n    from titanloop.a import f\n    return f\n",
+    )
     edges = import_edges(mods)
     assert edges["titanloop.b"]["titanloop.a"][1] is True
     assert circles(edges) == [["titanloop.a", "titanloop.b"]]
@@ -147,10 +158,9 @@ def test_no_module_below_the_trainer_imports_its_config():
 
 
 def test_the_checker_counts_annotation_only_imports(tmp_path):
-    pkg = tmp_path / "titanloop"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from titanloop.b import g\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from titanloop.a import f\n")
-    mods = {"titanloop": pkg / "__init__.py", "titanloop.a": pkg / "a.py", "titanloop.b": pkg / "b.py"}
+    mods = _toy_package(
+        tmp_path,
+        a="from titanloop.b import g\n",
+        b="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from titanloop.a import f\n",
+    )
     assert circles(import_edges(mods)) == [["titanloop.a", "titanloop.b"]]
