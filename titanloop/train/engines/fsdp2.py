@@ -44,7 +44,9 @@ class FSDP2Engine:
 
     def step(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.mixed_meshes:  # (scales nothing when the norm is non-finite: the gradients stay as they were)
+        # TP clips here, before the finiteness check: a NaN norm scales nothing and an infinite one scales every
+        # gradient by 0, which leaves a non-finite gradient non-finite (inf * 0 = NaN), so the names below still hold
+        if self.mixed_meshes:
             grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
         else:
             grad_norm = total_grad_norm(params)
@@ -58,7 +60,7 @@ class FSDP2Engine:
             self.lr_schedulers.step()
             if self.float8_all_gather:  # the next all-gathers' float8 scales, one all-reduce for all weights
                 precompute_scales(self.model)
-        else:  # which local gradients went bad (they are unclipped: a non-finite norm scales nothing)
+        else:  # which local gradients went bad (non-finite whether or not the TP path scaled them)
             self.nonfinite_grads = nonfinite_grad_names(self.model)
         return grad_norm
 
