@@ -37,17 +37,19 @@ CPU (tests/test_scripts_gpu_check.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +90,14 @@ ACTIVATION_ALLOWANCE = 16 * GIB
 LEARN_STEPS, LEARN_WARMUP, LEARN_LR, LEARN_PROGRESS, SPIKE_FACTOR, SPIKE_WINDOW = 150, 30, 3e-4, 0.30, 10.0, 20
 # the preemption row: a model that saves in seconds, SIGTERM after PREEMPT_AT steps, >= 10 compared steps after
 PREEMPT_STEPS, PREEMPT_AT, PREEMPT_INTERVAL = 30, 12, 5
+# the memory run: bf16 at T = 4 without activation checkpointing, long enough for the optimizer step's peak
+MEMORY_AC, MEMORY_STEPS = "none", 5
+# The time model of --budget-s (one H100, shared/GPU.md, measured at c79621e): a row whose estimate no longer fits
+# what is left of the budget is skipped (n/a), and a run still going at the budget is stopped.
+RUN_OVERHEAD_S = 30.0  # one torchrun: start, imports, build + init 1.4B, first-step compile (8.6-13.4 s)
+REF_STEP_S = 0.53  # ouro-1.4b, T = 4, 1 x 4096 tokens, bf16, per-loop AC: 7,380-7,618 tokens/s
+PRECISION_STEP_FACTOR = {"bf16": 1.0, "tensorwise": 1.2, "rowwise": 1.25}  # 0.84x and 0.81x of bf16's tokens/s
+SINGLE_CHECKS_S, KERNEL_CHOICE_S, PREEMPTION_S = 60.0, 45.0, 150.0
 
 
 @dataclass
@@ -96,7 +106,8 @@ class RunResult:
 
     n_loops: int
     precision: str  # bf16 | tensorwise | rowwise
-    error: str | None = None  # the run failed: its last line of stderr
+    error: str | None = None  # the run failed (its log's last lines), or was skipped or stopped at the budget
+    ac: str = "loop"  # --parallelism.activation_checkpoint (the memory run: MEMORY_AC)
     tokens_per_s_gpu: float | None = None
     mfu: float | None = None
     peak_gib: float | None = None
@@ -161,12 +172,13 @@ def train_args(
     precision: str = "bf16",
     steps: int = STEPS,
     micro_batch: int = 1,
+    ac: str = "loop",
 ) -> list[str]:
     """Overrides of TRAIN_CONFIG for one gpu_check training run (also what its memory plan is computed for).
     Synthetic text at the Ouro vocabulary with motifs from MOTIF_VOCAB ids (a task the 1.4B shape learns within the
-    run), AdamW at 1e-3, per-loop activation checkpointing as every stage config (without it 1.4B at T=8, 4K needs
-    107 GB per GPU, benchmarks/results/memory_plan.json); `precision` bf16 adds nothing (training.dtype auto is
-    bf16 on GPU), a float8 recipe adds `--float8.recipe <recipe>`."""
+    run), AdamW at 1e-3, per-loop activation checkpointing as every stage config unless `ac` says otherwise (without
+    it 1.4B at T=8, 4K needs 107 GB per GPU, benchmarks/results/memory_plan.json); `precision` bf16 adds nothing
+    (training.dtype auto is bf16 on GPU), a float8 recipe adds `--float8.recipe <recipe>`."""
     if precision not in RECIPES:
         raise ValueError(f"precision {precision!r}: expected one of {RECIPES}")
     args = {
@@ -182,7 +194,7 @@ def train_args(
         "optimizer.lr": 1e-3,
         "lr_scheduler.warmup_steps": 10,
         "parallelism.compile": "true",
-        "parallelism.activation_checkpoint": "loop",
+        "parallelism.activation_checkpoint": ac,
         "metrics.log_freq": LOG_FREQ,
         "metrics.wandb": "off",
         "checkpoint.enable": "false",
@@ -251,6 +263,7 @@ def float8_checks(runs: list[RunResult]) -> list[Check]:
     """float8 vs bf16 at the same T: the loss (FLOAT8_LOSS_RTOL, judged only if bf16 learned) and tokens/s
     (tensorwise >= 1.0x; rowwise reported)."""
     checks = []
+    runs = [r for r in runs if r.ac == "loop"]  # (not the memory run)
     bf16 = {r.n_loops: r for r in runs if r.precision == "bf16"}
     for r in runs:
         if r.precision == "bf16":
@@ -258,7 +271,8 @@ def float8_checks(runs: list[RunResult]) -> list[Check]:
         label, base = f"float8 {r.precision} T={r.n_loops}", bf16.get(r.n_loops)
         if r.error or base is None or base.error:
             why = r.error or (f"no bf16 run at T={r.n_loops}" if base is None else f"bf16 run failed: {base.error}")
-            checks.append(Check(f"{label} loss", False, why))
+            skipped = why.startswith("skipped") or (base is not None and (base.error or "").startswith("skipped"))
+            checks.append(Check(f"{label} loss", None if skipped else False, why))
             continue
         checks.append(_float8_loss(label, r, base))
         ratio = r.tokens_per_s_gpu / base.tokens_per_s_gpu
@@ -425,15 +439,89 @@ def _single_gpu_checks() -> list[Check]:
     return checks
 
 
-def _check_kernel_choice(workdir: Path, name: str, overrides: dict) -> Check:
+@dataclass
+class Budget:
+    """--budget-s: seconds left of it (None: no budget), and whether a row's estimate still fits."""
+
+    seconds: float | None
+    start: float = field(default_factory=lambda: time.monotonic())
+
+    def left(self) -> float | None:
+        return None if self.seconds is None else self.seconds - (time.monotonic() - self.start)
+
+    def skip_reason(self, estimate_s: float) -> str | None:
+        """None when a row estimated at `estimate_s` fits what is left, else why it is skipped (one line)."""
+        left = self.left()
+        if left is None or estimate_s <= left:
+            return None
+        return f"skipped: estimated {estimate_s:.0f} s, {max(left, 0.0):.0f} s of --budget-s left"
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float | None) -> int | None:
+    """Run `cmd` in its own process group with stdout and stderr appended to `log` (a file, not a pipe: a pipe
+    nobody reads blocks the run when it fills); its exit code, or None when it was still running after `timeout`
+    seconds and was stopped (SIGTERM to the group, SIGKILL 30 s later: torchrun's workers go with it)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return proc.wait(timeout=None if timeout is None else max(timeout, 1.0))
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=grace)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return None
+
+
+_ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b)")
+
+
+def log_tail(log: Path, chars: int = 300) -> str:
+    """What a failed run's log says went wrong: its last error line (`error: ...` from the trainer's config
+    checks, or an exception's `XError: ...`, torchrun's ChildFailedError left out), else its last 3 lines."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.match(line) and "ChildFailedError" not in line]
+    return (errors[-1] if errors else " | ".join(lines[-3:]))[:chars]
+
+
+def _failed(code: int | None, log: Path) -> str:
+    if code is None:
+        return f"stopped at the budget (--budget-s); log: {log.name}"
+    return f"exit {code}: {log_tail(log)}"
+
+
+def run_estimate_s(
+    name: str, overrides: dict, n_loops: int, seq_len: int, micro_batch: int, steps: int, precision: str = "bf16"
+) -> float:
+    """Seconds one training run takes on one H100: RUN_OVERHEAD_S plus its steps, each REF_STEP_S scaled by its
+    FLOPs against the reference (ouro-1.4b, T = 4, 1 x 4096 tokens) and by the precision's measured factor."""
+    cfg = preset(name, **overrides, n_loops=n_loops)
+    ref = preset("ouro-1.4b", n_loops=4)
+    flops = cfg.flops_per_token(seq_len, n_loops=n_loops) * seq_len * micro_batch
+    step = REF_STEP_S * flops / (ref.flops_per_token(4096, n_loops=4) * 4096) * PRECISION_STEP_FACTOR[precision]
+    return RUN_OVERHEAD_S + steps * step
+
+
+def _check_kernel_choice(a: argparse.Namespace, workdir: Path) -> Check:
     out = workdir / "kernels.json"
     if missing_modules():
         return Check("kernel choice", False, f"{sys.executable} cannot import {missing_modules()}")
-    args = train_args(workdir / "kernels", name, {**overrides, "n_layers": 2}, 4, 1024, 1, steps=2)
+    skip = a.budget.skip_reason(KERNEL_CHOICE_S)
+    if skip:
+        return Check("kernel choice", None, skip)
+    args = train_args(workdir / "kernels", a.name, {**a.overrides, "n_layers": 2}, 4, 1024, 1, steps=2)
     cmd = torchrun_command(sys.executable, 1, args, [str(SCRIPT), "--record-kernels", str(out)])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not out.is_file():
-        return Check("kernel choice", False, f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    log = workdir / "kernels.log"
+    code = run_logged(cmd, log, a.budget.left())
+    if code != 0 or not out.is_file():
+        return Check("kernel choice", False, _failed(code, log))
     return kernel_choice_check(json.loads(out.read_text()))
 
 
@@ -442,34 +530,78 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def _train(a: argparse.Namespace, n_loops: int, precision: str, workdir: Path, plans: dict) -> tuple:
-    run_dir = workdir / f"T{n_loops}-{precision}"
-    args = train_args(run_dir, a.name, a.overrides, n_loops, a.seq_len, a.n_gpus, precision, a.steps, a.micro_batch)
-    label = f"train T={n_loops} {precision}"
-    missing = missing_modules(precision)
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of gpu_check: T, precision, AC policy and steps (the memory run: bf16, AC none, few steps)."""
+
+    n_loops: int
+    precision: str
+    ac: str = "loop"
+    steps: int = STEPS
+
+    @property
+    def label(self) -> str:
+        return f"T={self.n_loops} {self.precision}" + ("" if self.ac == "loop" else f" AC {self.ac}")
+
+    def args(self, a: argparse.Namespace, run_dir: Path) -> list[str]:
+        args = train_args(
+            run_dir, a.name, a.overrides, self.n_loops, a.seq_len, a.n_gpus, self.precision, self.steps,
+            a.micro_batch, self.ac,
+        )  # fmt: skip
+        # --smoke: eager (torchao's float8 emulation on the CPU runs eager only; the kernel choice run compiles)
+        return args + (["--parallelism.compile", "false"] if getattr(a, "smoke", False) else [])
+
+
+def training_runs(a: argparse.Namespace) -> list[RunSpec]:
+    """The training runs these arguments make, in order: T x precision with per-loop AC (--steps steps each), then
+    the memory run (bf16, T = 4, AC none, MEMORY_STEPS steps) unless --skip-memory-run."""
+    runs = [RunSpec(t, p, "loop", a.steps) for t, p in itertools.product(a.loops, a.precisions)]
+    if not a.skip_memory_run:
+        runs.append(RunSpec(4, "bf16", MEMORY_AC, MEMORY_STEPS))
+    return runs
+
+
+def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> tuple[RunResult, list[Check]]:
+    run_dir = workdir / f"T{spec.n_loops}-{spec.precision}-{spec.ac}"
+    args = spec.args(a, run_dir)
+    label, plan_label = f"train {spec.label}", f"memory plan {spec.label}"
+
+    def not_run(why: str, ok: bool | None = False) -> tuple[RunResult, list[Check]]:
+        return RunResult(spec.n_loops, spec.precision, error=why, ac=spec.ac), [Check(label, ok, why)]
+
+    missing = missing_modules(spec.precision)
     if missing:
-        why = f"{sys.executable} cannot import {missing}"
-        return RunResult(n_loops, precision, error=why), [Check(label, False, why)]
-    proc = subprocess.run(torchrun_command(sys.executable, a.n_gpus, args), capture_output=True, text=True)
-    if proc.returncode != 0:
-        why = f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-        return RunResult(n_loops, precision, error=why), [Check(label, False, why)]
+        return not_run(f"{sys.executable} cannot import {missing}")
+    key = plan_key(args, a.n_gpus)
+    plan = plans.get(key)
+    if plan is not None and a.free_bytes is not None and plan * GIB > a.free_bytes:
+        return not_run(f"skipped: its plan is {plan:.2f} GiB, {a.free_bytes / GIB:.1f} GiB free", None)
+    estimate = run_estimate_s(a.name, a.overrides, spec.n_loops, a.seq_len, a.micro_batch, spec.steps, spec.precision)
+    skip = a.budget.skip_reason(estimate)
+    if skip:
+        return not_run(skip, None)
+    log = workdir / f"{run_dir.name}.log"
+    code = run_logged(torchrun_command(sys.executable, a.n_gpus, args), log, a.budget.left())
     rows = _metrics(run_dir)
-    cfg = preset(a.name, **a.overrides, n_loops=n_loops)
-    tok_s, mfu = throughput(rows, cfg, a.seq_len, a.n_gpus, n_loops, a.peak)
+    if code != 0 or not rows:
+        return not_run(_failed(code, log) if code != 0 else f"no metrics logged: {log_tail(log)}")
+    cfg = preset(a.name, **a.overrides, n_loops=spec.n_loops)
+    tok_s, mfu = throughput(rows, cfg, a.seq_len, a.n_gpus, spec.n_loops, a.peak)
     first, last = loss_window(rows)
-    res = RunResult(n_loops, precision, tokens_per_s_gpu=tok_s, mfu=mfu, loss_first=first, loss_last=last)
+    res = RunResult(
+        spec.n_loops, spec.precision, tokens_per_s_gpu=tok_s, mfu=mfu, loss_first=first, loss_last=last, ac=spec.ac
+    )
     res.peak_gib = max(r.get("max_mem_gib") or 0 for r in rows) or None
     mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
-    detail = f"{a.shape} {tok_s:,.0f} tokens/s/GPU, MFU {mfu_text}, loss {first:.3f} -> {last:.3f}"
-    numbers = {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error")}
+    detail = f"{a.shape_text} {tok_s:,.0f} tokens/s/GPU, MFU {mfu_text}, loss {first:.3f} -> {last:.3f}"
+    numbers = {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "ac")}
     checks = [Check(label, True, detail, numbers)]
-    plan_label = f"memory plan T={n_loops} {precision}"
     try:
-        key = plan_key(args, a.n_gpus)
-        res.plan_gib = plans[key] if key in plans else planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
+        res.plan_gib = plan if plan is not None else planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
     except Exception as e:  # noqa: BLE001 - reported as a FAIL row
         return res, checks + [Check(plan_label, False, f"plan failed: {type(e).__name__}: {e}"[:200])]
+    if res.peak_gib is None and not a.cuda:
+        return res, checks + [Check(plan_label, None, f"planned {res.plan_gib:.2f} GiB; no CUDA peak on the CPU")]
     return res, checks + [memory_plan_check(plan_label, res.peak_gib, res.plan_gib)]
 
 
@@ -482,20 +614,14 @@ def planned_peak_gib(config: Path, args: list[str], n_gpus: int) -> float:
     return dry_run(cfg, n_gpus, memory_plan=True).memory_plan.peak / GIB
 
 
-def training_runs(a: argparse.Namespace) -> list[tuple[int, str]]:
-    return list(itertools.product(a.loops, a.precisions))
-
-
 def write_plans(a: argparse.Namespace) -> int:
     """--write-plans FILE: the memory plan of every training run these arguments make (no GPU needed)."""
     plans = {}
-    for n_loops, precision in training_runs(a):
-        args = train_args(
-            Path("x"), a.name, a.overrides, n_loops, a.seq_len, a.n_gpus, precision, a.steps, a.micro_batch
-        )
+    for spec in training_runs(a):
+        args = spec.args(a, Path("x"))
         start = time.perf_counter()
         gib = plans[plan_key(args, a.n_gpus)] = planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
-        print(f"plan T={n_loops} {precision}: {gib:.2f} GiB ({time.perf_counter() - start:.0f} s)", flush=True)
+        print(f"plan {spec.label}: {gib:.2f} GiB ({time.perf_counter() - start:.0f} s)", flush=True)
     Path(a.write_plans).write_text(json.dumps(plans, indent=1) + "\n")
     print(f"wrote {a.write_plans}: pass it as --plan-json on the GPU machine (the same --shape and options)")
     return 0
@@ -512,34 +638,47 @@ def _preempt_args(run_dir: Path) -> list[str]:
 
 def _launch(args: list[str], log: Path) -> subprocess.Popen:
     with open(log, "a") as f:  # (a file, not a pipe: a pipe nobody reads would block the run when it fills)
-        return subprocess.Popen(torchrun_command(sys.executable, 1, args), stdout=f, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            torchrun_command(sys.executable, 1, args), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
-def _check_preemption(workdir: Path) -> Check:
+def _check_preemption(a: argparse.Namespace, workdir: Path) -> Check:
     """Reference, repeat, and a run SIGTERMed after PREEMPT_AT logged steps then resumed (async CUDA saves)."""
+    skip = a.budget.skip_reason(PREEMPTION_S)
+    if skip:
+        return Check("preemption", None, skip)
     dirs = {k: workdir / f"preempt-{k}" for k in ("ref", "rep", "cut")}
     logs = {k: workdir / f"preempt-{k}.log" for k in dirs}
 
-    def tail(k: str) -> str:
-        return logs[k].read_text()[-200:] if logs[k].is_file() else ""
+    def wait(proc: subprocess.Popen) -> int | None:
+        left = a.budget.left()
+        try:
+            return proc.wait(timeout=600 if left is None else max(left, 1.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
     for k in ("ref", "rep"):
-        if _launch(_preempt_args(dirs[k]), logs[k]).wait(timeout=600) != 0:
-            return Check("preemption", False, f"uninterrupted run failed: {tail(k)}")
+        code = wait(_launch(_preempt_args(dirs[k]), logs[k]))
+        if code != 0:
+            return Check("preemption", False, f"uninterrupted run: {_failed(code, logs[k])}")
     cut = _launch(_preempt_args(dirs["cut"]), logs["cut"])
     deadline = time.time() + 600
     while len(_metrics(dirs["cut"])) < PREEMPT_AT and cut.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     cut.send_signal(signal.SIGTERM)  # torchrun forwards it; the trainer saves (async on CUDA) and exits 75
-    cut.wait(timeout=600)
+    wait(cut)
     out = logs["cut"].read_text()
     if "preempted at step " not in out:
         return Check(
             "preemption", False, f"the SIGTERMed run did not save and stop (exit {cut.returncode}): {out[-200:]}"
         )
     resumed_from = int(out.split("preempted at step ")[1].split()[0])
-    if _launch(_preempt_args(dirs["cut"]), logs["cut"]).wait(timeout=600) != 0:
-        return Check("preemption", False, f"the resumed run failed: {tail('cut')}")
+    code = wait(_launch(_preempt_args(dirs["cut"]), logs["cut"]))
+    if code != 0:
+        return Check("preemption", False, f"the resumed run: {_failed(code, logs['cut'])}")
     return preemption_verdict(_metrics(dirs["ref"]), _metrics(dirs["rep"]), _metrics(dirs["cut"]), resumed_from)
 
 
@@ -557,13 +696,17 @@ def learning_floor(seq_len: int = 4096) -> float:
     return SyntheticTextSource(seq_len, 49152, 0, motif_vocab=MOTIF_VOCAB).entropy_floor()
 
 
-def _check_learning(workdir: Path, n_gpus: int) -> Check:
-    run_dir = workdir / "learning"
-    cmd = torchrun_command(sys.executable, n_gpus, learning_args(run_dir, n_gpus))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return Check("learning", False, f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-    return learning_check(_metrics(run_dir), learning_floor())
+def _check_learning(a: argparse.Namespace, workdir: Path) -> Check:
+    skip = a.budget.skip_reason(run_estimate_s("ouro-1.4b", {}, 4, 4096, 2, LEARN_STEPS))
+    if skip:
+        return Check("learning", None, skip)
+    run_dir, log = workdir / "learning", workdir / "learning.log"
+    cmd = torchrun_command(sys.executable, a.n_gpus, learning_args(run_dir, a.n_gpus))
+    code = run_logged(cmd, log, a.budget.left())
+    rows = _metrics(run_dir)
+    if code != 0 or not rows:
+        return Check("learning", False, _failed(code, log) if code != 0 else f"no metrics logged: {log_tail(log)}")
+    return learning_check(rows, learning_floor())
 
 
 # ----- the result json ---------------------------------------------------------------------------------------
@@ -589,7 +732,7 @@ def _summary(checks: list[Check], runs: list[RunResult], shape: str, seq_len: in
     judged = sum(1 for c in checks if c.ok is not None)
     rows = [{"row": "gpu_check: checks passed", "measured": f"{passed}/{judged}", "target": "all"}]
     rows[0]["met"] = passed == judged and judged > 0
-    by = {(r.n_loops, r.precision): r for r in runs}
+    by = {(r.n_loops, r.precision): r for r in runs if r.ac == "loop"}
     base = by.get((4, "bf16"))
     if base is None or base.error is not None:
         return rows
@@ -614,6 +757,7 @@ def _run_table(runs: list[RunResult], shape: str, seq_len: int, steps: int) -> d
         [
             r.n_loops,
             r.precision,
+            r.ac,
             fmt(r.tokens_per_s_gpu, ",.0f"),
             fmt(r.mfu and 100 * r.mfu, ".1f"),
             fmt(r.peak_gib, ".2f"),
@@ -623,10 +767,10 @@ def _run_table(runs: list[RunResult], shape: str, seq_len: int, steps: int) -> d
         ]
         for r in runs
     ]
-    columns = ["T", "precision", "tokens/s/GPU", "MFU %", "peak GiB", "plan GiB", "loss first -> last", "error"]
+    columns = ["T", "precision", "AC", "tokens/s/GPU", "MFU %", "peak GiB", "plan GiB", "loss first -> last", "error"]
     title = (
-        f"Training runs ({shape}, {seq_len} tokens/sequence, {steps} steps, FSDP2 + compile + per-loop AC + "
-        "document masking)"
+        f"Training runs ({shape}, {seq_len} tokens/sequence, {steps} steps (the memory run {MEMORY_STEPS}), FSDP2 + "
+        "compile + document masking)"
     )
     return {"title": title, "columns": columns, "rows": rows}
 
@@ -666,8 +810,8 @@ def write_json(path: Path, doc: dict) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python scripts/gpu_check.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence of the training runs")
-    parser.add_argument("--steps", type=int, default=STEPS, help="steps of each training run (default %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence of the training runs (4096)")
+    parser.add_argument("--steps", type=int, default=None, help=f"steps of each training run (default {STEPS})")
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per step (default 1)")
     parser.add_argument("--loops", default="4", help="T of the training runs (comma-separated; default 4)")
     parser.add_argument(
@@ -678,14 +822,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--full", action="store_true", help="T = 4 and 8, and the learning run")
     parser.add_argument("--learning", action="store_true", help="add the 1.4B learning run (about 3 minutes)")
     parser.add_argument("--skip-train", action="store_true", help="no training runs (single-GPU checks only)")
+    parser.add_argument("--skip-single", action="store_true", help="no in-process single-GPU checks")
+    memory_run = f"bf16, T = 4, AC {MEMORY_AC}, {MEMORY_STEPS} steps"
+    parser.add_argument("--skip-memory-run", action="store_true", help=f"no memory run ({memory_run})")
     parser.add_argument("--skip-preemption", action="store_true", help="no preemption row")
     parser.add_argument("--shape", default=None, help="model preset (default: the largest that fits the GPU)")
     parser.add_argument("--gpus", type=int, default=None, help="with --write-plans: the GPU count to plan for")
     parser.add_argument("--plan-json", type=Path, help="memory plans computed ahead with --write-plans")
     parser.add_argument("--write-plans", type=Path, help="compute the training runs' memory plans (no GPU) and exit")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for the whole check: a row whose estimate (one H100) no longer fits is skipped (n/a), a run "
+        "still going at the budget is stopped (default: no budget)",
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="keep every run's directory and log here (default: a temporary one)"
+    )
+    parser.add_argument("--commit", default=None, help="the commit to record (default: git; a copy without .git)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="no GPU: the whole orchestration on the CPU at tiny sizes (debug-small, 256 tokens, 3 steps, no "
+        "single-GPU checks, no preemption row); its numbers and verdicts mean nothing",
+    )
     parser.add_argument("--out", type=Path, default=RESULT_JSON, help="result json (default %(default)s)")
     parser.add_argument("--no-json", action="store_true", help="print the table only")
     a = parser.parse_args(argv)
+    a.seq_len = a.seq_len or (256 if a.smoke else 4096)
+    a.steps = a.steps if a.steps is not None else (3 if a.smoke else STEPS)
+    if a.smoke:
+        a.shape, a.skip_single, a.skip_preemption = a.shape or "debug-small", True, True
     try:
         a.loops = [4, 8] if a.full else [int(t) for t in a.loops.split(",")]
         assert all(t >= 1 for t in a.loops)
@@ -700,6 +868,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, value in (("--steps", a.steps), ("--micro-batch", a.micro_batch), ("--seq-len", a.seq_len)):
         if value < 1:
             parser.error(f"{flag} {value}: expected an integer >= 1")
+    if a.budget_s is not None and a.budget_s <= 0:
+        parser.error(f"--budget-s {a.budget_s:g}: expected seconds > 0")
     if a.plan_json is not None and not a.plan_json.is_file():
         parser.error(f"--plan-json {a.plan_json}: no such file (write one with --write-plans FILE)")
     a.learning = a.learning or a.full
@@ -714,38 +884,63 @@ def main(argv: list[str] | None = None) -> int:
     if a.write_plans:
         a.name, a.overrides, a.n_gpus = a.shape or SHAPES[0][0], {}, a.gpus or 1
         return write_plans(a)
-    message = no_cuda_message()
+    message = None if a.smoke else no_cuda_message()
     if message:
         print(message)
         return 1
     import torch
 
-    a.n_gpus = torch.cuda.device_count()
-    device = torch.cuda.get_device_name(0)
-    free = min(torch.cuda.mem_get_info(i)[0] for i in range(a.n_gpus))
-    a.name, a.overrides = (a.shape, {}) if a.shape else pick_model(free, a.n_gpus)
+    a.cuda = not a.smoke
+    if a.cuda:
+        a.n_gpus = torch.cuda.device_count()
+        device = torch.cuda.get_device_name(0)
+        a.free_bytes = min(torch.cuda.mem_get_info(i)[0] for i in range(a.n_gpus))
+    else:
+        a.n_gpus, device, a.free_bytes = 1, "CPU (smoke run: tiny shapes, numbers meaningless)", None
+    a.name, a.overrides = (a.shape, {}) if a.shape else pick_model(a.free_bytes, a.n_gpus)
     a.shape_text = a.name + "".join(f" {k}={v}" for k, v in a.overrides.items())
-    a.peak = peak_flops(device)
+    a.peak = peak_flops(device) if a.cuda else None
+    a.budget = Budget(a.budget_s)
     plans = json.loads(a.plan_json.read_text()) if a.plan_json else {}
-    checks, runs = _single_gpu_checks(), []
-    with tempfile.TemporaryDirectory() as tmp:
-        checks.append(_check_kernel_choice(Path(tmp), a.name, a.overrides))
-        for n_loops, precision in [] if a.skip_train else training_runs(a):
-            res, rows = _train(a, n_loops, precision, Path(tmp), plans)
+    meta = {"device": device, "n_gpus": a.n_gpus, "torch": torch.__version__, "commit": a.commit or git_commit()}
+    meta.update(shape=a.shape_text, seq_len=a.seq_len, steps=a.steps, command=" ".join(["python", *sys.argv]))
+    if a.budget_s is not None:
+        meta["budget_s"] = a.budget_s
+    checks: list[Check] = []
+    runs: list[RunResult] = []
+
+    def emit(new: list[Check], printed: bool = False) -> None:
+        """Print the new rows and rewrite the json: a call stopped from outside still leaves what it finished."""
+        checks.extend(new)
+        for c in [] if printed else new:
+            print(format_table([c]).splitlines()[-1], flush=True)
+        if not a.no_json:
+            meta["seconds"] = round(time.monotonic() - a.budget.start, 1)
+            write_json(a.out, result_json(checks, runs, meta=meta))
+
+    free = "" if a.free_bytes is None else f", smallest free memory {a.free_bytes / GIB:.1f} GiB"
+    print(f"gpu_check: {a.n_gpus} x {device}{free}, torch {torch.__version__}, {a.shape_text}", flush=True)
+    with contextlib.ExitStack() as stack:
+        if a.workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu_check_")))
+        else:
+            workdir = a.workdir
+            workdir.mkdir(parents=True, exist_ok=True)
+        if not a.skip_single:
+            skip = a.budget.skip_reason(SINGLE_CHECKS_S)
+            emit([Check("single-GPU checks", None, skip)] if skip else _single_gpu_checks(), printed=not skip)
+        emit([_check_kernel_choice(a, workdir)])
+        for spec in [] if a.skip_train else training_runs(a):
+            res, rows = _train(a, spec, workdir, plans)
             runs.append(res)
-            checks += rows
-            print(format_table(rows).splitlines()[-1], flush=True)
-        checks += float8_checks(runs)
+            emit(rows)
+        emit(float8_checks(runs))
         if not a.skip_preemption:
-            checks.append(_check_preemption(Path(tmp)))
+            emit([_check_preemption(a, workdir)])
         if a.learning:
-            checks.append(_check_learning(Path(tmp), a.n_gpus))
-    print(f"{a.n_gpus} x {device}, smallest free memory {free / GIB:.1f} GiB, torch {torch.__version__}")
+            emit([_check_learning(a, workdir)])
     print(format_table(checks))
     if not a.no_json:
-        meta = {"device": device, "n_gpus": a.n_gpus, "torch": torch.__version__, "commit": git_commit()}
-        meta.update(shape=a.shape_text, seq_len=a.seq_len, steps=a.steps, command=" ".join(["python", *sys.argv]))
-        write_json(a.out, result_json(checks, runs, meta=meta))
         print(f"wrote {a.out}")
     return exit_status(checks)
 

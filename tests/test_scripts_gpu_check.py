@@ -196,6 +196,8 @@ def test_float8_rules():
         _run(8, "bf16", 500.0, 10.8, 10.5),
         _run(8, "tensorwise", 450.0, 10.8, 10.5),
         gc.RunResult(8, "rowwise", error="exit 1: ['boom']"),
+        # the memory run (bf16, AC none) comes last: it must not replace the T=4 bf16 base (its loss would fail T=4)
+        gc.RunResult(4, "bf16", tokens_per_s_gpu=5000.0, loss_first=10.8, loss_last=9.0, ac="none"),
     ]
     c = {x.name: x for x in gc.float8_checks(runs)}
     assert c["float8 tensorwise T=4 loss"].ok  # 1.7% apart
@@ -207,6 +209,9 @@ def test_float8_rules():
     assert c["float8 tensorwise T=8 speed"].ok is False  # 0.9x: tensorwise must not be slower than bf16
     assert c["float8 rowwise T=8 loss"].ok is False and "boom" in c["float8 rowwise T=8 loss"].detail
     assert c["float8 tensorwise T=4 loss"].numbers["rel"] == pytest.approx(0.1 / 6.0)
+    skipped = gc.RunResult(4, "rowwise", error="skipped: estimated 90 s, 10 s of --budget-s left")
+    c = {x.name: x for x in gc.float8_checks(runs[:2] + [skipped])}
+    assert c["float8 rowwise T=4 loss"].ok is None and "skipped" in c["float8 rowwise T=4 loss"].detail  # n/a
 
 
 def test_loss_window():
@@ -234,6 +239,8 @@ def _checks_and_runs():
         _run(4, "bf16", 9000.0, 10.8, 5.0, mfu=0.41, peak_gib=30.0, plan_gib=28.0),
         _run(4, "tensorwise", 9900.0, 10.8, 5.05, mfu=0.45),
         gc.RunResult(8, "rowwise", error="exit 1"),
+        # the memory run (AC none): neither the summary's bf16 row nor float8's base
+        gc.RunResult(4, "bf16", tokens_per_s_gpu=1.0, loss_first=10.8, loss_last=10.7, peak_gib=46.5, ac="none"),
     ]
     return checks, runs
 
@@ -255,7 +262,7 @@ def test_result_json_follows_the_report_schema(tmp_path):
     }
     assert doc["commit"] == "abc123" and doc["machine"] == "8 x NVIDIA H100 80GB HBM3, torch 2.14.1+cu130"
     assert doc["result"]["checks"][0]["numbers"] == {"max_abs_err": 3e-3}
-    assert doc["tables"][1]["rows"][0][:6] == [4, "bf16", "9,000", "41.0", "30.00", "28.00"]
+    assert doc["tables"][1]["rows"][0][:7] == [4, "bf16", "loop", "9,000", "41.0", "30.00", "28.00"]
     assert doc["tables"][1]["rows"][2][-1] == "exit 1"
     failed = gc.result_json([gc.Check("x", False, "")], [], meta={**meta, "n_gpus": 1})
     assert failed["summary"][0]["met"] is False and len(failed["tables"]) == 1
@@ -570,7 +577,9 @@ def test_plans_written_ahead_are_found_by_their_key(tmp_path):
     plans = json.loads(out.read_text())
     a = gc.parse_args(["--plan-json", str(out), "--seq-len", "256", "--precisions", "bf16", "--steps", "5"])
     key = gc.plan_key(gc.train_args(tmp_path / "elsewhere", "debug-small", {}, 4, 256, 1, "bf16", 5, 1), 1)
-    assert list(plans) == [key] and a.plan_json == out
+    memory = gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "bf16", gc.MEMORY_STEPS, 1, gc.MEMORY_AC)
+    assert list(plans) == [key, gc.plan_key(memory, 1)] and a.plan_json == out  # the training run, the memory run
+    assert plans[key] < plans[gc.plan_key(memory, 1)]  # without AC the activations of every loop stay
     assert plans[key] == pytest.approx(
         gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, steps=5), 1)
     )
@@ -596,3 +605,117 @@ def test_planned_peak_of_the_gpu_check_runs(tmp_path):
     longer = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 1024, 2), 2)
     deeper = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 8, 1024, 2), 2)
     assert 0 < base < longer < deeper, (base, longer, deeper)
+
+
+# ----- the orchestration: budget, stopped runs, failure lines, and the whole pipeline on CPU (--smoke) -----------
+def test_budget_skips_what_no_longer_fits(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(gc.time, "monotonic", lambda: clock[0])
+    b = gc.Budget(300.0)
+    assert b.skip_reason(300.0) is None and b.left() == 300.0
+    clock[0] = 350.0  # 250 s used
+    assert b.skip_reason(40.0) is None
+    assert b.skip_reason(60.0) == "skipped: estimated 60 s, 50 s of --budget-s left"
+    clock[0] = 500.0
+    assert b.left() == -100.0 and "0 s of --budget-s left" in b.skip_reason(1.0)
+    assert gc.Budget(None).skip_reason(1e9) is None and gc.Budget(None).left() is None
+
+
+def test_run_estimates_follow_the_measured_step():
+    """The estimate reproduces shared/GPU.md's 0.53 s step for the reference and scales with FLOPs and precision."""
+    ref = gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 1, 100)
+    assert ref == pytest.approx(gc.RUN_OVERHEAD_S + 100 * gc.REF_STEP_S)
+    two = gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 2, 100) - gc.RUN_OVERHEAD_S
+    assert two == pytest.approx(2 * (ref - gc.RUN_OVERHEAD_S))
+    t8 = gc.run_estimate_s("ouro-1.4b", {}, 8, 4096, 1, 100) - gc.RUN_OVERHEAD_S
+    assert 1.8 < t8 / (ref - gc.RUN_OVERHEAD_S) < 2.1  # twice the loops, nearly twice the FLOPs (one embedding)
+    rw = gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 1, 100, "rowwise") - gc.RUN_OVERHEAD_S
+    assert rw == pytest.approx(1.25 * (ref - gc.RUN_OVERHEAD_S))
+    assert gc.run_estimate_s("debug-small", {}, 4, 256, 1, 100) < gc.RUN_OVERHEAD_S + 1
+
+
+def test_training_runs_and_the_memory_run():
+    a = gc.parse_args(["--loops", "4,8", "--precisions", "bf16,rowwise"])
+    labels = [s.label for s in gc.training_runs(a)]
+    assert labels == ["T=4 bf16", "T=4 rowwise", "T=8 bf16", "T=8 rowwise", "T=4 bf16 AC none"]
+    assert gc.training_runs(a)[-1].steps == gc.MEMORY_STEPS and gc.training_runs(a)[0].steps == gc.STEPS
+    assert [s.label for s in gc.training_runs(gc.parse_args(["--precisions", "bf16", "--skip-memory-run"]))] == [
+        "T=4 bf16"
+    ]
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    """The process has ended (gone, or a zombie waiting for its new parent to reap it) within `within_s`."""
+    deadline = gc.time.monotonic() + within_s
+    while gc.time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        gc.time.sleep(0.1)
+    return False
+
+
+def test_a_run_past_the_budget_is_stopped_with_its_children(tmp_path):
+    """run_logged stops the whole process group at its timeout (torchrun's workers too) and says None."""
+    log = tmp_path / "run.log"
+    child_pid = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {child_pid}; echo started; wait"
+    t0 = gc.time.monotonic()
+    assert gc.run_logged(["bash", "-c", script], log, timeout=2.0) is None
+    assert gc.time.monotonic() - t0 < 30 and "started" in log.read_text()
+    assert _gone(int(child_pid.read_text()))  # the grandchild went with the group
+    assert gc.run_logged(["bash", "-c", "echo hi; exit 3"], log, timeout=None) == 3
+    assert gc._failed(None, log).startswith("stopped at the budget")
+
+
+def test_failure_line_is_the_error_not_torchruns_banner(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(
+        "[rank0]: starting\nerror: float8.recipe='tensorwise' is invalid: expected 'off'\n"
+        "Traceback (most recent call last):\n  File x\ntorch.distributed.elastic.multiprocessing.errors."
+        "ChildFailedError: \n=====\n  error_file: <N/A>\n  traceback : To enable traceback see: https://x\n=====\n"
+    )
+    assert gc.log_tail(log) == "error: float8.recipe='tensorwise' is invalid: expected 'off'"
+    log.write_text("Traceback:\n  File y\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+    assert gc.log_tail(log).startswith("torch.OutOfMemoryError: CUDA out of memory")
+    log.write_text("a\nb\nc\nd\n")
+    assert gc.log_tail(log) == "b | c | d"
+    assert gc.log_tail(tmp_path / "missing.log") == ""
+
+
+@pytest.mark.slow
+def test_smoke_runs_the_whole_orchestration_on_cpu(tmp_path):
+    """`--smoke`: the path a GPU call takes (kernel recorder in a compiled torchrun run, training runs of two
+    precisions and the memory run, plans, float8 verdicts, the json rewritten after every row), at tiny sizes on
+    CPU. The numbers mean nothing; what must hold is that every row is there and no run crashed."""
+    out, work = tmp_path / "gc.json", tmp_path / "work"
+    cmd = [sys.executable, str(gc.SCRIPT), "--smoke", "--precisions", "bf16,tensorwise", "--out", str(out)]
+    cmd += ["--workdir", str(work), "--commit", "abc123", "--budget-s", "900"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # the CPU kernel and speed rules fail
+    doc = json.loads(out.read_text())
+    report.validate(Path("gpu_check.json"), doc)
+    rows = {c["name"]: c for c in doc["result"]["checks"]}
+    assert list(rows) == [
+        "kernel choice",
+        "train T=4 bf16",
+        "memory plan T=4 bf16",
+        "train T=4 tensorwise",
+        "memory plan T=4 tensorwise",
+        "train T=4 bf16 AC none",
+        "memory plan T=4 bf16 AC none",
+        "float8 tensorwise T=4 loss",
+        "float8 tensorwise T=4 speed",
+    ]
+    # the recorder ran inside compiled layers (24 layer calls over 2 steps would have hit the recompile limit at
+    # c79621e) and saw the CPU's fp32 kernel, which the CUDA rule rejects
+    assert rows["kernel choice"]["ok"] is False and "not fused bf16 CUDA" in rows["kernel choice"]["detail"]
+    assert all(rows[f"train {x}"]["ok"] for x in ("T=4 bf16", "T=4 tensorwise", "T=4 bf16 AC none"))
+    assert all(rows[n]["ok"] is None and "no CUDA peak" in rows[n]["detail"] for n in rows if "memory plan" in n)
+    runs = doc["result"]["runs"]
+    assert [(r["precision"], r["ac"]) for r in runs] == [("bf16", "loop"), ("tensorwise", "loop"), ("bf16", "none")]
+    assert all(r["plan_gib"] > 0 and r["tokens_per_s_gpu"] > 0 and r["error"] is None for r in runs)
+    assert doc["commit"] == "abc123" and doc["result"]["budget_s"] == 900
+    assert {p.name for p in work.iterdir()} >= {"kernels.log", "T4-bf16-loop.log", "T4-bf16-none.log"}
