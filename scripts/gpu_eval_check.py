@@ -155,7 +155,17 @@ def parse_args(argv):
     )
     p.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory, removed)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the trainer and CLI subprocesses")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"seconds for the whole run: a row that would start with less than {ROW_RESERVE_S:g} s left is SKIPped, "
+        "and subprocesses are stopped at the budget (default: no budget)",
+    )
+    p.add_argument("--commit", default=None, help="the commit to record (default: git; for a copy without .git)")
     args = p.parse_args(argv)
+    if args.budget_s is not None and args.budget_s <= 0:
+        p.exit(2, f"error: --budget-s={args.budget_s:g} is invalid: expected seconds > 0\n")
     device = args.device or ("cpu" if args.smoke else "cuda")
     if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
         p.exit(2, f"error: --device={device!r} is invalid: expected cuda, cuda:N or cpu\n")
@@ -179,8 +189,9 @@ class Report:
             "cuda": torch.version.cuda,
             "transformers": _transformers_version(),
             "python": sys.version.split()[0],
-            "git_commit": _git("rev-parse", "HEAD"),
-            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "git_commit": args.commit or _git("rev-parse", "HEAD"),
+            "git_dirty": False if args.commit else bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "budget_s": args.budget_s,
             "smoke": bool(args.smoke),
             "sizes": sizes,
             "rows": [],
@@ -190,8 +201,12 @@ class Report:
     def row(self, name: str, fn) -> dict:
         print(f"[gpu_eval_check] {name} ...", flush=True)
         t0 = time.perf_counter()
+        left = _left()
         try:
-            row = fn()
+            if left is not None and left < ROW_RESERVE_S:
+                row = {"status": "SKIP", "reason": f"skipped: {max(left, 0.0):.0f} s of --budget-s left"}
+            else:
+                row = fn()
         except Exception as e:  # noqa: BLE001 - a failed row is recorded, the other rows still run
             row = {
                 "status": "FAIL",
@@ -284,7 +299,18 @@ def _env() -> dict:
     }
 
 
-def _run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+_DEADLINE: list[float] = []  # time.monotonic() at which --budget-s runs out (empty: no budget)
+ROW_RESERVE_S = 20.0  # a row starts only with at least this much of --budget-s left
+
+
+def _left() -> float | None:
+    """Seconds left of --budget-s (None: no budget)."""
+    return _DEADLINE[0] - time.monotonic() if _DEADLINE else None
+
+
+def _run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    left = _left()
+    timeout = timeout if left is None else max(1.0, min(timeout, left))
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stdout[-1500:] + proc.stderr[-2500:]).strip().splitlines()
@@ -786,6 +812,7 @@ def row_generate_speed(args, sizes, state: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    _DEADLINE[:] = [] if args.budget_s is None else [time.monotonic() + args.budget_s]
     sizes = dict(SIZES["smoke" if args.smoke else "full"])
     if args.tokens:
         sizes["sweep_tokens"] = args.tokens

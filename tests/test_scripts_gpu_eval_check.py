@@ -89,3 +89,35 @@ def test_smoke_run_writes_every_row(tmp_path):
     assert rows["head_stats_syncs"]["bitwise_equal_to_old"] is True
     speed = rows["generate_speed_1p4b"]["results"]
     assert [s["batch"] for s in speed] == [1, 16] and all(s["new_tokens"] == d["sizes"]["gen_new"] for s in speed)
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_eval_check_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_budget_skips_rows_and_stops_subprocesses(tmp_path, monkeypatch):
+    """--budget-s: a row that would start with less than ROW_RESERVE_S left is a SKIP (its function never runs), a
+    subprocess is stopped at the budget, and --commit is what the json records (the GPU copy has no .git)."""
+    mod = _module()
+    out = tmp_path / "b.json"
+    args = mod.parse_args(["--smoke", "--out", str(out), "--budget-s", "100", "--commit", "abc123"])
+    monkeypatch.setattr(mod, "_DEADLINE", [mod.time.monotonic() + 100])
+    report_ = mod.Report(args, mod.SIZES["smoke"])
+    calls = []
+    assert report_.row("fits", lambda: calls.append(1) or {"status": "PASS"})["status"] == "PASS"
+    mod._DEADLINE[:] = [mod.time.monotonic() + mod.ROW_RESERVE_S - 1]
+    late = report_.row("late", lambda: calls.append(2) or {"status": "PASS"})
+    assert late["status"] == "SKIP" and "--budget-s" in late["reason"] and calls == [1]
+    with pytest.raises(subprocess.TimeoutExpired):
+        mod._DEADLINE[:] = [mod.time.monotonic() + 1.0]
+        mod._run(["sleep", "30"])
+    doc = json.loads(out.read_text())
+    assert doc["commit"] == "abc123" and doc["result"]["budget_s"] == 100 and doc["result"]["git_dirty"] is False
+    assert [r[:2] for r in doc["tables"][0]["rows"]] == [["fits", "PASS"], ["late", "SKIP"]]
+    r = run("--smoke", "--out", str(out), "--budget-s", "0")
+    assert r.returncode == 2 and r.stderr == "error: --budget-s=0 is invalid: expected seconds > 0\n"

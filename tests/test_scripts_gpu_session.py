@@ -1,0 +1,122 @@
+"""scripts/gpu_session.py, the one GPU call for issues 34-36, without a GPU: its parts and budgets, the usage
+errors, stopping a part past its time, what goes into logs.tar.gz, and one real call at smoke size (the check part)
+that leaves its json, session.json and the logs in --out."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_session.py"
+_spec = importlib.util.spec_from_file_location("gpu_session_script", SCRIPT)
+gs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gs)
+HEAD = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_parts_and_their_budgets():
+    assert gs.parse_parts("check:240,eval") == [("check", 240.0), ("eval", None)]
+    assert [n for n, _ in gs.parse_parts(gs.DEFAULT_PARTS)] == ["check", "eval", "throughput"]
+    for bad, says in (
+        ("check,foo", "unknown part 'foo'"),
+        ("check,check", "given twice"),
+        ("eval:x", "must be a number"),
+        ("eval:0", "must be > 0"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            gs.parse_parts(bad)
+    assert gs.part_budget(None, 300.0, 3) == 100.0  # an equal share of what is left
+    assert gs.part_budget(240.0, 300.0, 3) == 240.0  # what it was given
+    assert gs.part_budget(240.0, 100.0, 1) == 100.0  # never more than is left
+    assert gs.part_budget(None, -5.0, 2) == 0.0
+
+
+def test_usage_errors_are_one_line_and_exit_2(tmp_path):
+    for args, says in (
+        (["--parts", "check,foo"], "--parts: unknown part 'foo'"),
+        (["--out", str(tmp_path), "--commit", "abc"], "--commit 'abc': expected a full 40-digit hash"),
+        (["--out", str(tmp_path), "--budget-s", "0"], "--budget-s 0: expected seconds > 0"),
+        ([], "--out is required"),
+    ):
+        proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr.splitlines()[-1], proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_part_commands_pass_budget_commit_and_plans(tmp_path):
+    plans = tmp_path / "plans.json"
+    plans.write_text("{}")
+    a = gs.parse_args(["--out", str(tmp_path), "--commit", HEAD, "--plan-json", str(plans), "--check-args=--learning"])
+    check = gs.part_command("check", a, 240.4, tmp_path / "w")
+    assert check[1] == str(ROOT / "scripts" / "gpu_check.py")
+    assert check[2:8] == ["--out", str(tmp_path / "gpu_check.json"), "--budget-s", "240", "--commit", HEAD]
+    assert check[8:] == ["--workdir", str(tmp_path / "w" / "check"), "--learning", "--plan-json", str(plans)]
+    tp = gs.part_command("throughput", a, 100, tmp_path / "w")
+    assert tp[1].endswith("benchmarks/gpu_throughput.py") and tp[-2:] == [
+        "--artifacts",
+        str(tmp_path / "w" / "throughput"),
+    ]
+    ev = gs.part_command("eval", a, 100, tmp_path / "w")
+    assert ev[1].endswith("scripts/gpu_eval_check.py") and "--smoke" not in ev
+
+
+def test_write_plans_uses_the_check_parts_options(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(gs.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert gs.main(["--write-plans", str(tmp_path / "p.json"), "--check-args", "--steps 40 --learning"]) == 0
+    assert seen[0][1:] == [str(ROOT / "scripts" / "gpu_check.py"), "--write-plans", str(tmp_path / "p.json")] + [
+        "--steps",
+        "40",
+        "--learning",
+    ]
+
+
+def test_a_part_past_its_time_is_stopped(tmp_path):
+    log = tmp_path / "p.log"
+    t0 = time.monotonic()
+    code = gs.run_part(["bash", "-c", "echo begun; sleep 60"], log, 2.0, {"PATH": "/usr/bin:/bin"})
+    assert code is None and time.monotonic() - t0 < 20 and log.read_text() == "begun\n"
+    assert gs.run_part(["bash", "-c", "echo ok; exit 4"], log, 30.0, {"PATH": "/usr/bin:/bin"}) == 4
+
+
+def test_logs_tarball_keeps_logs_not_checkpoints(tmp_path):
+    work = tmp_path / "w"
+    (work / "check" / "T4-bf16-loop").mkdir(parents=True)
+    (work / "check" / "T4-bf16-loop.log").write_text("x")
+    (work / "check" / "T4-bf16-loop" / "metrics.jsonl").write_text("{}")
+    (work / "eval" / "ckpt").mkdir(parents=True)
+    (work / "eval" / "ckpt" / "__0_0.distcp").write_bytes(b"0" * 100)
+    (work / "throughput").mkdir()
+    (work / "throughput" / "big.log").write_bytes(b"0" * (gs.MAX_LOG_BYTES + 1))
+    assert gs.pack_logs(work, tmp_path / "logs.tar.gz") == 2
+    with tarfile.open(tmp_path / "logs.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["check/T4-bf16-loop.log", "check/T4-bf16-loop/metrics.jsonl"]
+
+
+@pytest.mark.slow
+def test_one_smoke_call_leaves_its_results_in_out(tmp_path):
+    """The check part at smoke size on CPU (kernel choice only: a compiled torchrun run): --out receives the part's
+    json, session.json with its command and exit code, and logs.tar.gz with the part's output and run log."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--commit", HEAD, "--parts", "check"]
+    proc = subprocess.run(cmd + ["--check-args=--skip-train"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # the CUDA kernel rule fails on CPU
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "logs.tar.gz", "session.json"]
+    session = json.loads((out / "session.json").read_text())
+    (part,) = session["parts"]
+    assert part["part"] == "check" and part["exit"] == 1
+    assert gs.DEFAULT_BUDGET_S - gs.RESERVE_S - 5 <= part["budget_s"] <= gs.DEFAULT_BUDGET_S - gs.RESERVE_S
+    assert "--skip-train" in part["command"] and session["commit"] == HEAD
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["commit"] == HEAD and [c["name"] for c in doc["result"]["checks"]] == ["kernel choice"]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert {"check.log", "check/kernels.log", "check/kernels.json"} <= set(tar.getnames())
+    assert "gpu_session: check ended: exit 1" in proc.stdout
