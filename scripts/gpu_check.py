@@ -17,6 +17,9 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
                     per-loop AC, document masking) for --steps steps on synthetic text whose motifs use 64 ids of
                     the 49K vocabulary (learned within the run), at T = 4 (--full: 4 and 8), bf16 and float8
                     tensorwise and rowwise: tokens/s/GPU, MFU and peak memory
+  memory runs       bf16 at T = 4 without activation checkpointing for MEMORY_STEPS steps, compiled and eager (the
+                    plan models eager execution: the pair shows what compile changes); skipped when the plan exceeds
+                    the free memory
   memory plan       each run's peak (torch.cuda.max_memory_allocated) vs its memory plan within MEMORY_PLAN_RTOL
                     (--plan-json: plans computed ahead on any machine with --write-plans; device-independent)
   float8 loss       each float8 run's loss within FLOAT8_LOSS_RTOL of the bf16 run's; judged only when the bf16
@@ -29,9 +32,11 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
                     and ends >= 30% of the way from its start to the task's entropy floor, no grad-norm spike above
                     10x the running median
 
-Without CUDA it prints one line and exits 1. `--write-plans FILE` needs no GPU: it computes the memory plans of the
-training runs (fake backend) so that a GPU call spends no time on them. Everything but the CUDA runs is tested on
-CPU (tests/test_scripts_gpu_check.py).
+--budget-s skips the rows that no longer fit (estimated from shared/GPU.md's H100 timings) and stops a run still
+going at the budget; the json is rewritten after every row. Without CUDA it prints one line and exits 1 (`--smoke`
+runs the whole orchestration on the CPU at tiny sizes). `--write-plans FILE` needs no GPU: it computes the memory
+plans of the training runs (fake backend) so that a GPU call spends no time on them. Everything but the CUDA runs is
+tested on CPU (tests/test_scripts_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -107,7 +112,8 @@ class RunResult:
     n_loops: int
     precision: str  # bf16 | tensorwise | rowwise
     error: str | None = None  # the run failed (its log's last lines), or was skipped or stopped at the budget
-    ac: str = "loop"  # --parallelism.activation_checkpoint (the memory run: MEMORY_AC)
+    ac: str = "loop"  # --parallelism.activation_checkpoint (the memory runs: MEMORY_AC)
+    compiled: bool = True  # --parallelism.compile (the second memory run: eager)
     tokens_per_s_gpu: float | None = None
     mfu: float | None = None
     peak_gib: float | None = None
@@ -263,7 +269,7 @@ def float8_checks(runs: list[RunResult]) -> list[Check]:
     """float8 vs bf16 at the same T: the loss (FLOAT8_LOSS_RTOL, judged only if bf16 learned) and tokens/s
     (tensorwise >= 1.0x; rowwise reported)."""
     checks = []
-    runs = [r for r in runs if r.ac == "loop"]  # (not the memory run)
+    runs = [r for r in runs if r.ac == "loop" and r.compiled]  # (not the memory runs)
     bf16 = {r.n_loops: r for r in runs if r.precision == "bf16"}
     for r in runs:
         if r.precision == "bf16":
@@ -538,10 +544,12 @@ class RunSpec:
     precision: str
     ac: str = "loop"
     steps: int = STEPS
+    compiled: bool = True
 
     @property
     def label(self) -> str:
-        return f"T={self.n_loops} {self.precision}" + ("" if self.ac == "loop" else f" AC {self.ac}")
+        ac = "" if self.ac == "loop" else f" AC {self.ac}"
+        return f"T={self.n_loops} {self.precision}{ac}" + ("" if self.compiled else " eager")
 
     def args(self, a: argparse.Namespace, run_dir: Path) -> list[str]:
         args = train_args(
@@ -549,25 +557,28 @@ class RunSpec:
             a.micro_batch, self.ac,
         )  # fmt: skip
         # --smoke: eager (torchao's float8 emulation on the CPU runs eager only; the kernel choice run compiles)
-        return args + (["--parallelism.compile", "false"] if getattr(a, "smoke", False) else [])
+        eager = not self.compiled or getattr(a, "smoke", False)
+        return args + (["--parallelism.compile", "false"] if eager else [])
 
 
 def training_runs(a: argparse.Namespace) -> list[RunSpec]:
     """The training runs these arguments make, in order: T x precision with per-loop AC (--steps steps each), then
-    the memory run (bf16, T = 4, AC none, MEMORY_STEPS steps) unless --skip-memory-run."""
+    unless --skip-memory-run the memory runs (bf16, T = 4, AC none, MEMORY_STEPS steps), compiled and eager: the
+    plan models eager execution, so the pair shows how much of a gap between plan and peak compile makes."""
     runs = [RunSpec(t, p, "loop", a.steps) for t, p in itertools.product(a.loops, a.precisions)]
     if not a.skip_memory_run:
-        runs.append(RunSpec(4, "bf16", MEMORY_AC, MEMORY_STEPS))
+        runs += [RunSpec(4, "bf16", MEMORY_AC, MEMORY_STEPS), RunSpec(4, "bf16", MEMORY_AC, MEMORY_STEPS, False)]
     return runs
 
 
 def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> tuple[RunResult, list[Check]]:
-    run_dir = workdir / f"T{spec.n_loops}-{spec.precision}-{spec.ac}"
+    run_dir = workdir / f"T{spec.n_loops}-{spec.precision}-{spec.ac}{'' if spec.compiled else '-eager'}"
     args = spec.args(a, run_dir)
     label, plan_label = f"train {spec.label}", f"memory plan {spec.label}"
 
     def not_run(why: str, ok: bool | None = False) -> tuple[RunResult, list[Check]]:
-        return RunResult(spec.n_loops, spec.precision, error=why, ac=spec.ac), [Check(label, ok, why)]
+        res = RunResult(spec.n_loops, spec.precision, error=why, ac=spec.ac, compiled=spec.compiled)
+        return res, [Check(label, ok, why)]
 
     missing = missing_modules(spec.precision)
     if missing:
@@ -588,13 +599,12 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     cfg = preset(a.name, **a.overrides, n_loops=spec.n_loops)
     tok_s, mfu = throughput(rows, cfg, a.seq_len, a.n_gpus, spec.n_loops, a.peak)
     first, last = loss_window(rows)
-    res = RunResult(
-        spec.n_loops, spec.precision, tokens_per_s_gpu=tok_s, mfu=mfu, loss_first=first, loss_last=last, ac=spec.ac
-    )
+    res = RunResult(spec.n_loops, spec.precision, tokens_per_s_gpu=tok_s, mfu=mfu, loss_first=first, loss_last=last)
+    res.ac, res.compiled = spec.ac, spec.compiled
     res.peak_gib = max(r.get("max_mem_gib") or 0 for r in rows) or None
     mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
     detail = f"{a.shape_text} {tok_s:,.0f} tokens/s/GPU, MFU {mfu_text}, loss {first:.3f} -> {last:.3f}"
-    numbers = {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "ac")}
+    numbers = {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "ac", "compiled")}
     checks = [Check(label, True, detail, numbers)]
     try:
         res.plan_gib = plan if plan is not None else planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
@@ -732,7 +742,7 @@ def _summary(checks: list[Check], runs: list[RunResult], shape: str, seq_len: in
     judged = sum(1 for c in checks if c.ok is not None)
     rows = [{"row": "gpu_check: checks passed", "measured": f"{passed}/{judged}", "target": "all"}]
     rows[0]["met"] = passed == judged and judged > 0
-    by = {(r.n_loops, r.precision): r for r in runs if r.ac == "loop"}
+    by = {(r.n_loops, r.precision): r for r in runs if r.ac == "loop" and r.compiled}
     base = by.get((4, "bf16"))
     if base is None or base.error is not None:
         return rows
@@ -757,7 +767,7 @@ def _run_table(runs: list[RunResult], shape: str, seq_len: int, steps: int) -> d
         [
             r.n_loops,
             r.precision,
-            r.ac,
+            r.ac + ("" if r.compiled else ", eager"),
             fmt(r.tokens_per_s_gpu, ",.0f"),
             fmt(r.mfu and 100 * r.mfu, ".1f"),
             fmt(r.peak_gib, ".2f"),
@@ -823,8 +833,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--learning", action="store_true", help="add the 1.4B learning run (about 3 minutes)")
     parser.add_argument("--skip-train", action="store_true", help="no training runs (single-GPU checks only)")
     parser.add_argument("--skip-single", action="store_true", help="no in-process single-GPU checks")
-    memory_run = f"bf16, T = 4, AC {MEMORY_AC}, {MEMORY_STEPS} steps"
-    parser.add_argument("--skip-memory-run", action="store_true", help=f"no memory run ({memory_run})")
+    memory_run = f"bf16, T = 4, AC {MEMORY_AC}, {MEMORY_STEPS} steps, compiled and eager"
+    parser.add_argument("--skip-memory-run", action="store_true", help=f"no memory runs ({memory_run})")
     parser.add_argument("--skip-preemption", action="store_true", help="no preemption row")
     parser.add_argument("--shape", default=None, help="model preset (default: the largest that fits the GPU)")
     parser.add_argument("--gpus", type=int, default=None, help="with --write-plans: the GPU count to plan for")

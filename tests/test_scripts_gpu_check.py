@@ -578,8 +578,9 @@ def test_plans_written_ahead_are_found_by_their_key(tmp_path):
     a = gc.parse_args(["--plan-json", str(out), "--seq-len", "256", "--precisions", "bf16", "--steps", "5"])
     key = gc.plan_key(gc.train_args(tmp_path / "elsewhere", "debug-small", {}, 4, 256, 1, "bf16", 5, 1), 1)
     memory = gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "bf16", gc.MEMORY_STEPS, 1, gc.MEMORY_AC)
-    assert list(plans) == [key, gc.plan_key(memory, 1)] and a.plan_json == out  # the training run, the memory run
-    assert plans[key] < plans[gc.plan_key(memory, 1)]  # without AC the activations of every loop stay
+    eager = memory + ["--parallelism.compile", "false"]
+    assert list(plans) == [key, gc.plan_key(memory, 1), gc.plan_key(eager, 1)]  # training run, 2 memory runs
+    assert a.plan_json == out and plans[key] < plans[gc.plan_key(memory, 1)]  # without AC every loop's activations stay
     assert plans[key] == pytest.approx(
         gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, steps=5), 1)
     )
@@ -637,7 +638,14 @@ def test_run_estimates_follow_the_measured_step():
 def test_training_runs_and_the_memory_run():
     a = gc.parse_args(["--loops", "4,8", "--precisions", "bf16,rowwise"])
     labels = [s.label for s in gc.training_runs(a)]
-    assert labels == ["T=4 bf16", "T=4 rowwise", "T=8 bf16", "T=8 rowwise", "T=4 bf16 AC none"]
+    assert labels == [
+        "T=4 bf16",
+        "T=4 rowwise",
+        "T=8 bf16",
+        "T=8 rowwise",
+        "T=4 bf16 AC none",
+        "T=4 bf16 AC none eager",
+    ]
     assert gc.training_runs(a)[-1].steps == gc.MEMORY_STEPS and gc.training_runs(a)[0].steps == gc.STEPS
     assert [s.label for s in gc.training_runs(gc.parse_args(["--precisions", "bf16", "--skip-memory-run"]))] == [
         "T=4 bf16"
@@ -706,16 +714,23 @@ def test_smoke_runs_the_whole_orchestration_on_cpu(tmp_path):
         "memory plan T=4 tensorwise",
         "train T=4 bf16 AC none",
         "memory plan T=4 bf16 AC none",
+        "train T=4 bf16 AC none eager",
+        "memory plan T=4 bf16 AC none eager",
         "float8 tensorwise T=4 loss",
         "float8 tensorwise T=4 speed",
     ]
     # the recorder ran inside compiled layers (24 layer calls over 2 steps would have hit the recompile limit at
     # c79621e) and saw the CPU's fp32 kernel, which the CUDA rule rejects
     assert rows["kernel choice"]["ok"] is False and "not fused bf16 CUDA" in rows["kernel choice"]["detail"]
-    assert all(rows[f"train {x}"]["ok"] for x in ("T=4 bf16", "T=4 tensorwise", "T=4 bf16 AC none"))
+    assert all(rows[n]["ok"] for n in rows if n.startswith("train "))
     assert all(rows[n]["ok"] is None and "no CUDA peak" in rows[n]["detail"] for n in rows if "memory plan" in n)
     runs = doc["result"]["runs"]
-    assert [(r["precision"], r["ac"]) for r in runs] == [("bf16", "loop"), ("tensorwise", "loop"), ("bf16", "none")]
+    assert [(r["precision"], r["ac"], r["compiled"]) for r in runs] == [
+        ("bf16", "loop", True),
+        ("tensorwise", "loop", True),
+        ("bf16", "none", True),
+        ("bf16", "none", False),
+    ]
     assert all(r["plan_gib"] > 0 and r["tokens_per_s_gpu"] > 0 and r["error"] is None for r in runs)
     assert doc["commit"] == "abc123" and doc["result"]["budget_s"] == 900
-    assert {p.name for p in work.iterdir()} >= {"kernels.log", "T4-bf16-loop.log", "T4-bf16-none.log"}
+    assert {p.name for p in work.iterdir()} >= {"kernels.log", "T4-bf16-loop.log", "T4-bf16-none-eager.log"}
