@@ -58,9 +58,7 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -513,19 +511,10 @@ def check_accepted(base: list[str], setting_args: list[str], n_gpus: int) -> tup
 
 
 def _launch(cmd: list[str], log: Path, timeout: float | None, env: dict | None = None) -> tuple[int | None, str]:
-    """Run `cmd` (its own process group) with output to `log`; (exit code or None on timeout, the log's text)."""
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = None
+    """Run `cmd` (its own process group) with output to a fresh `log`; (exit code or None on timeout, the log's
+    text). gpu_check's launcher: the group is stopped at the timeout, torchrun's workers with it."""
+    log.unlink(missing_ok=True)
+    code = gpu_check.run_logged(cmd, log, timeout, env=env, cwd=ROOT)
     return code, log.read_text(errors="replace")
 
 

@@ -463,13 +463,16 @@ class Budget:
         return f"skipped: estimated {estimate_s:.0f} s, {max(left, 0.0):.0f} s of --budget-s left"
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float | None) -> int | None:
+def run_logged(
+    cmd: list[str], log: Path, timeout: float | None, env: dict | None = None, cwd: Path | None = None
+) -> int | None:
     """Run `cmd` in its own process group with stdout and stderr appended to `log` (a file, not a pipe: a pipe
     nobody reads blocks the run when it fills); its exit code, or None when it was still running after `timeout`
-    seconds and was stopped (SIGTERM to the group, SIGKILL 30 s later: torchrun's workers go with it)."""
+    seconds and was stopped (SIGTERM to the group, SIGKILL 30 s later: torchrun's workers go with it). Also
+    benchmarks/gpu_throughput.py's launcher."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=None if timeout is None else max(timeout, 1.0))
     except subprocess.TimeoutExpired:
