@@ -25,9 +25,9 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
   float8 loss       each float8 run's loss within FLOAT8_LOSS_RTOL of the bf16 run's; judged only when the bf16
                     run learned (loss fell by MIN_LEARNED)
   float8 speed      float8 tokens/s / bf16 tokens/s: tensorwise must be >= 1.0; rowwise reported
-  preemption        a small run checkpointed asynchronously on CUDA (pinned-memory staging), stopped by SIGTERM and
-                    resumed: its losses after the resume vs an uninterrupted run's (bitwise when two uninterrupted
-                    runs agree bitwise, else within 2x their difference)
+  preemption        (--preemption or --full) a small run checkpointed asynchronously on CUDA (pinned-memory
+                    staging), stopped by SIGTERM and resumed: its losses after the resume vs an uninterrupted run's
+                    (bitwise when two uninterrupted runs agree bitwise, else within 2x their difference)
   learning          (--learning or --full) the Ouro-1.4B shape for LEARN_STEPS steps: last-loop CE falls steadily
                     and ends >= 30% of the way from its start to the task's entropy floor, no grad-norm spike above
                     10x the running median
@@ -640,6 +640,30 @@ def write_plans(a: argparse.Namespace) -> int:
     return 0
 
 
+def estimates(a: argparse.Namespace) -> list[tuple[str, float]]:
+    """(row, estimated seconds on one H100) of every row these arguments run, in order: what --budget-s uses."""
+    rows = [] if a.skip_single else [("single-GPU checks", SINGLE_CHECKS_S)]
+    rows.append(("kernel choice", KERNEL_CHOICE_S))
+    for spec in [] if a.skip_train else training_runs(a):
+        est = run_estimate_s(a.name, a.overrides, spec.n_loops, a.seq_len, a.micro_batch, spec.steps, spec.precision)
+        rows.append((f"train {spec.label}", est))
+    if a.preemption:
+        rows.append(("preemption", PREEMPTION_S))
+    if a.learning:
+        rows.append(("learning", run_estimate_s("ouro-1.4b", {}, 4, 4096, 2, LEARN_STEPS)))
+    return rows
+
+
+def print_estimate(a: argparse.Namespace) -> int:
+    """--estimate: each row's estimated seconds on one H100 (shared/GPU.md's timings) and the total; no GPU."""
+    total = 0.0
+    for row, seconds in estimates(a):
+        total += seconds
+        print(f"{row:<32} {seconds:5.0f} s  (total {total:4.0f} s)")
+    print(f"estimated {total:.0f} s on one H100 for {a.name}; --budget-s skips the rows past the budget")
+    return 0
+
+
 # ----- the preemption and learning rows ------------------------------------------------------------------------
 def _preempt_args(run_dir: Path) -> list[str]:
     return [
@@ -832,17 +856,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(RECIPES),
         help=f"training runs' precisions, a subset of {','.join(RECIPES)} (default all)",
     )
-    parser.add_argument("--full", action="store_true", help="T = 4 and 8, and the learning run")
+    parser.add_argument("--full", action="store_true", help="T = 4 and 8, the preemption and the learning runs")
     parser.add_argument("--learning", action="store_true", help="add the 1.4B learning run (about 3 minutes)")
     parser.add_argument("--skip-train", action="store_true", help="no training runs (single-GPU checks only)")
     parser.add_argument("--skip-single", action="store_true", help="no in-process single-GPU checks")
     memory_run = f"bf16, T = 4, AC {MEMORY_AC}, {MEMORY_STEPS} steps, compiled and eager"
     parser.add_argument("--skip-memory-run", action="store_true", help=f"no memory runs ({memory_run})")
-    parser.add_argument("--skip-preemption", action="store_true", help="no preemption row")
+    parser.add_argument(
+        "--preemption", action="store_true", help="add the preemption row (about 2 minutes; --full includes it)"
+    )
     parser.add_argument("--shape", default=None, help="model preset (default: the largest that fits the GPU)")
     parser.add_argument("--gpus", type=int, default=None, help="with --write-plans: the GPU count to plan for")
     parser.add_argument("--plan-json", type=Path, help="memory plans computed ahead with --write-plans")
     parser.add_argument("--write-plans", type=Path, help="compute the training runs' memory plans (no GPU) and exit")
+    parser.add_argument("--estimate", action="store_true", help="print each row's H100 time estimate and exit")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -866,7 +893,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.seq_len = a.seq_len or (256 if a.smoke else 4096)
     a.steps = a.steps if a.steps is not None else (3 if a.smoke else STEPS)
     if a.smoke:
-        a.shape, a.skip_single, a.skip_preemption = a.shape or "debug-small", True, True
+        a.shape, a.skip_single = a.shape or "debug-small", True
     try:
         a.loops = [4, 8] if a.full else [int(t) for t in a.loops.split(",")]
         assert all(t >= 1 for t in a.loops)
@@ -886,6 +913,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.plan_json is not None and not a.plan_json.is_file():
         parser.error(f"--plan-json {a.plan_json}: no such file (write one with --write-plans FILE)")
     a.learning = a.learning or a.full
+    a.preemption = (a.preemption or a.full) and not a.smoke
     return a
 
 
@@ -894,9 +922,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--record-kernels"]:  # inside a torchrun worker (see _check_kernel_choice)
         return record_kernels_main(argv[1], argv[2:])
     a = parse_args(argv)
-    if a.write_plans:
+    if a.write_plans or a.estimate:
         a.name, a.overrides, a.n_gpus = a.shape or SHAPES[0][0], {}, a.gpus or 1
-        return write_plans(a)
+        return write_plans(a) if a.write_plans else print_estimate(a)
     message = None if a.smoke else no_cuda_message()
     if message:
         print(message)
@@ -948,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(res)
             emit(rows)
         emit(float8_checks(runs))
-        if not a.skip_preemption:
+        if a.preemption:
             emit([_check_preemption(a, workdir)])
         if a.learning:
             emit([_check_learning(a, workdir)])

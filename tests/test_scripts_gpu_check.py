@@ -149,8 +149,17 @@ def test_parse_args(tmp_path):
     assert a.loops == [4, 8] and a.precisions == ["bf16", "tensorwise"] and a.out == gc.RESULT_JSON
     default = gc.parse_args([])
     assert default.precisions == list(gc.RECIPES) and default.loops == [4] and not default.learning
+    assert not default.preemption and gc.parse_args(["--preemption"]).preemption
     full = gc.parse_args(["--full", "--steps", "40", "--micro-batch", "2"])
-    assert full.loops == [4, 8] and full.learning and (full.steps, full.micro_batch) == (40, 2)
+    assert full.loops == [4, 8] and full.learning and full.preemption and (full.steps, full.micro_batch) == (40, 2)
+    smoke = gc.parse_args(["--smoke", "--full"])
+    assert (smoke.shape, smoke.seq_len, smoke.steps, smoke.skip_single, smoke.preemption) == (
+        "debug-small",
+        256,
+        3,
+        True,
+        False,
+    )
     for bad in (
         ["--loops", "4,x"],
         ["--precisions", "bf16,fp8"],
@@ -633,6 +642,22 @@ def test_run_estimates_follow_the_measured_step():
     rw = gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 1, 100, "rowwise") - gc.RUN_OVERHEAD_S
     assert rw == pytest.approx(1.25 * (ref - gc.RUN_OVERHEAD_S))
     assert gc.run_estimate_s("debug-small", {}, 4, 256, 1, 100) < gc.RUN_OVERHEAD_S + 1
+
+
+def test_default_run_fits_eight_minutes_with_the_wheels(capsys):
+    """Issue 34: the default run fits 8 minutes on the GPU machine, installing the wheels included (15 s there,
+    shared/GPU.md), by the same time model --budget-s uses; --estimate prints it."""
+    a = gc.parse_args([])
+    a.name, a.overrides, a.n_gpus = "ouro-1.4b", {}, 1
+    rows = gc.estimates(a)
+    assert [r for r, _ in rows][:3] == ["single-GPU checks", "kernel choice", "train T=4 bf16"]
+    assert sum(s for _, s in rows) + 15 <= 8 * 60
+    full = gc.parse_args(["--full"])
+    full.name, full.overrides, full.n_gpus = "ouro-1.4b", {}, 1
+    assert {"preemption", "learning", "train T=8 rowwise"} <= {r for r, _ in gc.estimates(full)}
+    assert gc.main(["--estimate"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith(f"estimated {sum(s for _, s in rows):.0f} s on one H100 for ouro-1.4b")
 
 
 def test_training_runs_and_the_memory_run():
