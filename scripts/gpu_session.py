@@ -2,18 +2,21 @@
 """`python3 scripts/gpu_session.py`: one GPU call that runs the GPU checks of issues 34, 35 and 36 within one time
 budget and leaves every result, finished or not, in one folder (the device tool's $OUT).
 
-    # here, on the CPU, beforehand (a few minutes): the memory plans of the check part's runs
+    # here, on the CPU, beforehand (about 5 minutes on 2 cores): the memory plans of the check part's runs
     python scripts/gpu_session.py --write-plans plans.json
-    # there, in one call (the wheels of shared/GPU.md in .whl/, carried; plans.json untracked, so it travels):
-    python3 scripts/gpu_session.py --out "$OUT" --commit <HEAD> --budget-s 540
-    python3 scripts/gpu_session.py --out "$OUT" --commit <HEAD> --parts throughput:200,eval   # chosen parts
+    # there: a session lent a GPU for 15 minutes (starts included) has room for two calls, e.g.
+    python3 scripts/gpu_session.py --out "$OUT" --commit <HEAD>                        # 540 s: check, throughput
+    python3 scripts/gpu_session.py --out "$OUT" --commit <HEAD> --parts eval --budget-s 240      # the next call
 
-Parts, run one after the other in the order --parts gives (default check,eval,throughput); `name:S` gives a part at
+Parts, run one after the other in the order --parts gives (default check:340,throughput); `name:S` gives a part at
 most S seconds, a part without S gets an equal share of what is left of --budget-s when it starts:
   check       scripts/gpu_check.py (issue 34): single-GPU checks, kernel choice, training runs with their memory
-              plans (--plan-json plans.json when it exists), the memory run without AC; --check-args adds options
+              plans (--plan-json plans.json when it exists), the memory runs without AC; --check-args (default
+              "--steps 40": 333 s by `python scripts/gpu_check.py --estimate --steps 40`) adds options
   eval        scripts/gpu_eval_check.py (issue 36): validation == eval CLI, KV-cache generation, the 1.4B sweep
-  throughput  benchmarks/gpu_throughput.py (issue 35): the throughput matrix, a profile, looped vs dense
+              (about 5 minutes by a rough estimate; its rows run in order until its budget is spent)
+  throughput  benchmarks/gpu_throughput.py (issue 35): the throughput matrix in priority order (the shipped setting
+              in bf16, tensorwise and rowwise first), a profile, looped vs dense (`--plan` gives its estimates)
 Each part gets its budget as its own --budget-s (its rows that no longer fit are skipped, its runs stopped), and is
 stopped 60 s past it if it has not ended. Each rewrites its json as it goes, so a part cut short still reports.
 
@@ -46,7 +49,8 @@ PARTS = {
     "eval": ("scripts/gpu_eval_check.py", "gpu_eval.json"),
     "throughput": ("benchmarks/gpu_throughput.py", "gpu_throughput.json"),
 }
-DEFAULT_PARTS = "check,eval,throughput"
+DEFAULT_PARTS = "check:340,throughput"
+DEFAULT_CHECK_ARGS = "--steps 40"
 DEFAULT_BUDGET_S = 540.0  # a 600-s call, less the machine's copy, the wheels and a margin
 RESERVE_S = 15.0  # kept back from the budget for the tarball and session.json
 OVERRUN_S = 60.0  # a part is stopped this long after its own budget
@@ -125,6 +129,9 @@ def part_command(name: str, a: argparse.Namespace, budget: float, work: Path) ->
 
 
 def check_args(a: argparse.Namespace) -> list[str]:
+    """--check-args as a list; by default DEFAULT_CHECK_ARGS, and nothing with --smoke (its own tiny sizes)."""
+    if a.check_args is None:
+        return [] if a.smoke else shlex.split(DEFAULT_CHECK_ARGS)
     return shlex.split(a.check_args)
 
 
@@ -179,9 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--check-args",
-        default="",
-        help='more options for scripts/gpu_check.py, as one string after "=", e.g. --check-args="--learning --steps '
-        '40" (give the same to --write-plans)',
+        default=None,
+        help='more options for scripts/gpu_check.py, as one string after "=", e.g. --check-args="--learning '
+        f'--steps 40" (give the same to --write-plans; default "{DEFAULT_CHECK_ARGS}", none with --smoke)',
     )
     p.add_argument("--plan-json", type=Path, default=ROOT / "plans.json", help="the plans (default %(default)s)")
     p.add_argument(

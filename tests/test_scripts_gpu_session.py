@@ -24,7 +24,7 @@ HEAD = "0123456789abcdef0123456789abcdef01234567"
 
 def test_parts_and_their_budgets():
     assert gs.parse_parts("check:240,eval") == [("check", 240.0), ("eval", None)]
-    assert [n for n, _ in gs.parse_parts(gs.DEFAULT_PARTS)] == ["check", "eval", "throughput"]
+    assert gs.parse_parts(gs.DEFAULT_PARTS) == [("check", 340.0), ("throughput", None)]
     for bad, says in (
         ("check,foo", "unknown part 'foo'"),
         ("check,check", "given twice"),
@@ -59,6 +59,10 @@ def test_part_commands_pass_budget_commit_and_plans(tmp_path):
     assert check[1] == str(ROOT / "scripts" / "gpu_check.py")
     assert check[2:8] == ["--out", str(tmp_path / "gpu_check.json"), "--budget-s", "240", "--commit", HEAD]
     assert check[8:] == ["--workdir", str(tmp_path / "w" / "check"), "--learning", "--plan-json", str(plans)]
+    default = gs.part_command("check", gs.parse_args(["--out", str(tmp_path)]), 300, tmp_path / "w")
+    assert default[-2:] == ["--steps", "40"] if not (ROOT / "plans.json").is_file() else "--plan-json" in default
+    smoke = gs.part_command("check", gs.parse_args(["--out", str(tmp_path), "--smoke"]), 300, tmp_path / "w")
+    assert smoke[-3:] == ["--smoke", "--workdir", str(tmp_path / "w" / "check")]  # its own tiny sizes
     tp = gs.part_command("throughput", a, 100, tmp_path / "w")
     assert tp[1].endswith("benchmarks/gpu_throughput.py") and tp[-2:] == [
         "--artifacts",
