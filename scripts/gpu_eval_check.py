@@ -4,7 +4,9 @@
     python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval.json   # a CUDA machine, sized for <= 8 min
     python scripts/gpu_eval_check.py --smoke --out /tmp/smoke.json   # tiny sizes on the CPU (2-3 min on 2 cores)
 
-Rows (each PASS, FAIL or SKIP with its numbers; the script exits 1 if any row FAILs):
+Rows (each PASS, FAIL or SKIP with its numbers; the script exits 1 if any row FAILs), described here by topic; they
+run with issue 36's "done when" first (bf16 validation, the small cache row, loading, the 1.4B sweep, the 1.4B cache
+row and speed, the CLI, head statistics, HF Ouro, float32 validation last), so --budget-s cuts the least needed:
 
   validation_equals_cli_fp32 / _bf16
         A small model (train_configs/debug.toml, synthetic text) is trained on this device with validation on,
@@ -821,7 +823,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     state: dict = {}
     try:
-        report.row("validation_equals_cli_fp32", lambda: row_validation(args, sizes, work, "float32", state))
+        # issue 36's "done when" first (bf16 validation == CLI, the 1.4B sweep, cache == no cache), so that a run
+        # cut short by --budget-s keeps them; the float32 validation row (the CPU test's case) last
         report.row("validation_equals_cli_bf16", lambda: row_validation(args, sizes, work, "bfloat16", state))
 
         def small_models():
@@ -832,14 +835,15 @@ def main(argv=None) -> int:
         report.row(
             "generate_cache_equals_no_cache_small", lambda: row_cache(small_models(), sizes, args.device, [1, 4, 8])
         )
-        report.row("hf_ouro_generate", lambda: row_hf_ouro(args, sizes, work, state))
-        report.row("cli_generate_auto", lambda: row_cli_generate(args, state))
         report.row("load_straight_to_device", lambda: row_load(args, sizes, work, state))
-        report.row("head_stats_syncs", lambda: row_head_stats(args, sizes, state))
         report.row("sweep_frontier_1p4b", lambda: row_sweep(args, sizes, state))
         big = lambda: {state["big"].embed_tokens.weight.dtype: state["big"]}  # noqa: E731
         report.row("generate_cache_equals_no_cache_big", lambda: row_cache(big(), sizes, args.device, [1, 4, 8]))
         report.row("generate_speed_1p4b", lambda: row_generate_speed(args, sizes, state))
+        report.row("cli_generate_auto", lambda: row_cli_generate(args, state))
+        report.row("head_stats_syncs", lambda: row_head_stats(args, sizes, state))
+        report.row("hf_ouro_generate", lambda: row_hf_ouro(args, sizes, work, state))
+        report.row("validation_equals_cli_fp32", lambda: row_validation(args, sizes, work, "float32", state))
     finally:
         report.write()
         if not args.workdir:

@@ -17,17 +17,17 @@ from benchmarks import report
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_eval_check.py"
-ROWS = [
-    "validation_equals_cli_fp32",
+ROWS = [  # in the order they run (issue 36's "done when" first)
     "validation_equals_cli_bf16",
     "generate_cache_equals_no_cache_small",
-    "hf_ouro_generate",
-    "cli_generate_auto",
     "load_straight_to_device",
-    "head_stats_syncs",
     "sweep_frontier_1p4b",
     "generate_cache_equals_no_cache_big",
     "generate_speed_1p4b",
+    "cli_generate_auto",
+    "head_stats_syncs",
+    "hf_ouro_generate",
+    "validation_equals_cli_fp32",
 ]
 
 
