@@ -103,6 +103,7 @@ RUN_OVERHEAD_S = 30.0  # one torchrun: start, imports, build + init 1.4B, first-
 REF_STEP_S = 0.53  # ouro-1.4b, T = 4, 1 x 4096 tokens, bf16, per-loop AC: 7,380-7,618 tokens/s
 PRECISION_STEP_FACTOR = {"bf16": 1.0, "tensorwise": 1.2, "rowwise": 1.25}  # 0.84x and 0.81x of bf16's tokens/s
 SINGLE_CHECKS_S, KERNEL_CHOICE_S, PREEMPTION_S = 60.0, 45.0, 150.0
+PLAN_S = 80.0  # one 1.4B memory plan computed during the run (50-80 s on 2 cores): give --plan-json instead
 
 
 @dataclass
@@ -609,6 +610,9 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     detail = f"{a.shape_text} {tok_s:,.0f} tokens/s/GPU, MFU {mfu_text}, loss {first:.3f} -> {last:.3f}"
     numbers = {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "ac", "compiled")}
     checks = [Check(label, True, detail, numbers)]
+    skip = None if plan is not None else a.budget.skip_reason(PLAN_S)
+    if skip:
+        return res, checks + [Check(plan_label, None, f"not planned: none in --plan-json, and computing one ({skip[9:]})")]
     try:
         res.plan_gib = plan if plan is not None else planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
     except Exception as e:  # noqa: BLE001 - reported as a FAIL row

@@ -759,3 +759,38 @@ def test_smoke_runs_the_whole_orchestration_on_cpu(tmp_path):
     assert all(r["plan_gib"] > 0 and r["tokens_per_s_gpu"] > 0 and r["error"] is None for r in runs)
     assert doc["commit"] == "abc123" and doc["result"]["budget_s"] == 900
     assert {p.name for p in work.iterdir()} >= {"kernels.log", "T4-bf16-loop.log", "T4-bf16-none-eager.log"}
+
+
+def test_a_training_row_uses_plans_given_and_skips_what_does_not_fit(tmp_path, monkeypatch):
+    """_train with the launcher replaced by one that writes a run's metrics: the plan comes from --plan-json by its
+    key; without one, a plan that no longer fits the budget is n/a rather than an 80-s surprise; a run whose plan
+    exceeds the free memory is skipped; a launch stopped at the budget is a FAIL saying so."""
+    launched = []
+
+    def fake_run(cmd, log, timeout, env=None, cwd=None):
+        run_dir = Path(cmd[cmd.index("--training.run_dir") + 1])
+        run_dir.mkdir(parents=True)
+        rows = [{"step": s, "loss": 10.0 - s, "tokens_per_s": 1000.0, "max_mem_gib": 30.0} for s in (1, 5, 10)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        launched.append(timeout)
+        return 0
+
+    monkeypatch.setattr(gc, "run_logged", fake_run)
+    a = gc.parse_args(["--steps", "10"])
+    a.name, a.overrides, a.n_gpus, a.cuda, a.peak, a.shape_text = "ouro-1.4b", {}, 1, True, 989e12, "ouro-1.4b"
+    a.free_bytes, a.budget = 79 * gc.GIB, gc.Budget(1000.0)
+    spec = gc.training_runs(a)[0]
+    plans = {gc.plan_key(spec.args(a, Path("x")), 1): 28.0}
+    res, rows = gc._train(a, spec, tmp_path / "given", plans)
+    assert [r.ok for r in rows] == [True, True] and res.plan_gib == 28.0 and res.peak_gib == 30.0
+    assert rows[1].numbers["rel"] == pytest.approx(30 / 28 - 1) and 0 < launched[-1] <= 1000
+    a.budget = gc.Budget(gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 1, 10) + 10)  # room for the run, not a plan
+    res, rows = gc._train(a, spec, tmp_path / "tight", {})
+    assert rows[0].ok and rows[1].ok is None and rows[1].detail.startswith("not planned: none in --plan-json")
+    a.budget, a.free_bytes = gc.Budget(1000.0), 20 * gc.GIB
+    res, rows = gc._train(a, spec, tmp_path / "big", plans)
+    assert rows[0].ok is None and "its plan is 28.00 GiB, 20.0 GiB free" in rows[0].detail and res.error
+    monkeypatch.setattr(gc, "run_logged", lambda *args, **kw: None)
+    a.free_bytes = 79 * gc.GIB
+    res, rows = gc._train(a, spec, tmp_path / "stopped", plans)
+    assert rows[0].ok is False and rows[0].detail.startswith("stopped at the budget")
