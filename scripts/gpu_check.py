@@ -612,7 +612,8 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     checks = [Check(label, True, detail, numbers)]
     skip = None if plan is not None else a.budget.skip_reason(PLAN_S)
     if skip:
-        return res, checks + [Check(plan_label, None, f"not planned: none in --plan-json, and computing one ({skip[9:]})")]
+        why = f"not planned: none in --plan-json, and computing one ({skip[9:]})"
+        return res, checks + [Check(plan_label, None, why)]
     try:
         res.plan_gib = plan if plan is not None else planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
     except Exception as e:  # noqa: BLE001 - reported as a FAIL row
