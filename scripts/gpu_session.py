@@ -17,6 +17,7 @@ most S seconds, a part without S gets an equal share of what is left of --budget
               (about 5 minutes by a rough estimate; its rows run in order until its budget is spent)
   throughput  benchmarks/gpu_throughput.py (issue 35): the throughput matrix in priority order (the shipped setting
               in bf16, tensorwise and rowwise first), a profile, looped vs dense (`--plan` gives its estimates)
+--throughput-args and --eval-args add options to those parts as --check-args does to the check.
 Each part gets its budget as its own --budget-s (its rows that no longer fit are skipped, its runs stopped), and is
 stopped 60 s past it if it has not ended. Each rewrites its json as it goes, so a part cut short still reports.
 
@@ -122,9 +123,9 @@ def part_command(name: str, a: argparse.Namespace, budget: float, work: Path) ->
         if a.plan_json.is_file() and not a.smoke:
             cmd += ["--plan-json", str(a.plan_json)]
     elif name == "eval":
-        cmd += ["--workdir", str(work / "eval")]
+        cmd += ["--workdir", str(work / "eval"), *shlex.split(a.eval_args)]
     else:
-        cmd += ["--artifacts", str(work / "throughput")]
+        cmd += ["--artifacts", str(work / "throughput"), *shlex.split(a.throughput_args)]
     return cmd
 
 
@@ -189,6 +190,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help='more options for scripts/gpu_check.py, as one string after "=", e.g. --check-args="--learning '
         f'--steps 40" (give the same to --write-plans; default "{DEFAULT_CHECK_ARGS}", none with --smoke)',
+    )
+    p.add_argument(
+        "--throughput-args",
+        default="",
+        help='more options for benchmarks/gpu_throughput.py, e.g. --throughput-args="--setting 2:loop:tensorwise '
+        '--no-dense"',
+    )
+    p.add_argument(
+        "--eval-args",
+        default="",
+        help='more options for scripts/gpu_eval_check.py, e.g. --eval-args="--tokens 1048576"',
     )
     p.add_argument("--plan-json", type=Path, default=ROOT / "plans.json", help="the plans (default %(default)s)")
     p.add_argument(

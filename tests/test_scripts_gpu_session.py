@@ -70,6 +70,11 @@ def test_part_commands_pass_budget_commit_and_plans(tmp_path):
     ]
     ev = gs.part_command("eval", a, 100, tmp_path / "w")
     assert ev[1].endswith("scripts/gpu_eval_check.py") and "--smoke" not in ev
+    more = gs.parse_args(
+        ["--out", str(tmp_path), "--throughput-args=--setting 2:loop:tensorwise", "--eval-args=--tokens 9"]
+    )
+    assert gs.part_command("throughput", more, 100, tmp_path)[-2:] == ["--setting", "2:loop:tensorwise"]
+    assert gs.part_command("eval", more, 100, tmp_path)[-2:] == ["--tokens", "9"]
 
 
 def test_write_plans_uses_the_check_parts_options(monkeypatch, tmp_path):
