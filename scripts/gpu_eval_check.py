@@ -64,6 +64,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -313,7 +314,18 @@ def _left() -> float | None:
 def _run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     left = _left()
     timeout = timeout if left is None else max(1.0, min(timeout, left))
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    # its own process group, stopped whole at the timeout: subprocess.run's timeout kills only torchrun, and its
+    # orphaned workers would hold the GPU into the next row or part
+    with subprocess.Popen(
+        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
     if proc.returncode != 0:
         tail = (proc.stdout[-1500:] + proc.stderr[-2500:]).strip().splitlines()
         raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {proc.returncode}: {tail[-1] if tail else ''}")

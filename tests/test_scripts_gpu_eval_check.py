@@ -113,9 +113,20 @@ def test_budget_skips_rows_and_stops_subprocesses(tmp_path, monkeypatch):
     mod._DEADLINE[:] = [mod.time.monotonic() + mod.ROW_RESERVE_S - 1]
     late = report_.row("late", lambda: calls.append(2) or {"status": "PASS"})
     assert late["status"] == "SKIP" and "--budget-s" in late["reason"] and calls == [1]
-    with pytest.raises(subprocess.TimeoutExpired):
+    pid_file = tmp_path / "grandchild.pid"
+    with pytest.raises(subprocess.TimeoutExpired):  # as torchrun's workers: a grandchild goes with the group
         mod._DEADLINE[:] = [mod.time.monotonic() + 1.0]
-        mod._run(["sleep", "30"])
+        mod._run(["bash", "-c", f"sleep 30 & echo $! > {pid_file}; wait"])
+    pid = int(pid_file.read_text())
+    deadline = mod.time.monotonic() + 10
+    ended = False
+    while not ended and mod.time.monotonic() < deadline:
+        try:  # gone, or a zombie waiting for its new parent to reap it
+            ended = Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+        except FileNotFoundError:
+            ended = True
+        mod.time.sleep(0.1)
+    assert ended, "the grandchild outlived the timeout"
     doc = json.loads(out.read_text())
     assert doc["commit"] == "abc123" and doc["result"]["budget_s"] == 100 and doc["result"]["git_dirty"] is False
     assert [r[:2] for r in doc["tables"][0]["rows"]] == [["fits", "PASS"], ["late", "SKIP"]]
