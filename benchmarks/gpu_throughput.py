@@ -703,7 +703,7 @@ def run_plan(ctx: Context, jobs: list[Job], t8: bool, log=print) -> list[tuple[J
     """Run the jobs in order within ctx.budget_s (a job whose calibrated estimate no longer fits is a 'budget' row),
     then T = 8 for the fastest T = 4 matrix row; a failed torchtitan run brings in titanloop's dense T = 1 fallback."""
     done: list[tuple[Job, Row]] = []
-    start = time.perf_counter()
+    start, budget = time.perf_counter(), gpu_check.Budget(ctx.budget_s)
     queue, t8_pending = list(jobs), t8
     while queue or t8_pending:
         if not queue:
@@ -714,7 +714,7 @@ def run_plan(ctx: Context, jobs: list[Job], t8: bool, log=print) -> list[tuple[J
             queue.append(Job("t8", dataclasses.replace(best[0].setting, n_loops=8)))
             queue[-1].estimate_s = job_estimate_s(ctx, queue[-1])
         job = queue.pop(0)
-        remaining = None if ctx.budget_s is None else ctx.budget_s - (time.perf_counter() - start)
+        remaining = budget.left()
         projected = job.estimate_s * calibration(done)
         index = f"[{len(done) + 1}/{len(done) + 1 + len(queue) + int(t8_pending)}]"
         if remaining is not None and projected > remaining:
@@ -1172,6 +1172,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--inject-oom"]:
         return inject_oom_main(int(argv[1]), argv[2:])
     a = parse_args(argv)
+    gpu_check.exit_on_sigterm()  # a part stopped by gpu_session stops its run on the way out
     import torch
 
     matrix = matrix_of(a)

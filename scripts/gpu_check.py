@@ -54,11 +54,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's titanloop, when run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_procs beside it, also when loaded from a file
+
+from gpu_procs import Budget, exit_on_sigterm, wait_or_stop  # noqa: E402
 
 from titanloop.checks.numerics import (  # noqa: E402
     MIN_LEARNED,
@@ -113,6 +116,7 @@ class RunResult:
     n_loops: int
     precision: str  # bf16 | tensorwise | rowwise
     error: str | None = None  # the run failed (its log's last lines), or was skipped or stopped at the budget
+    skipped: bool = False  # not run: it did not fit the budget or the free memory (its loss and speed are n/a)
     ac: str = "loop"  # --parallelism.activation_checkpoint (the memory runs: MEMORY_AC)
     compiled: bool = True  # --parallelism.compile (the second memory run: eager)
     tokens_per_s_gpu: float | None = None
@@ -278,7 +282,7 @@ def float8_checks(runs: list[RunResult]) -> list[Check]:
         label, base = f"float8 {r.precision} T={r.n_loops}", bf16.get(r.n_loops)
         if r.error or base is None or base.error:
             why = r.error or (f"no bf16 run at T={r.n_loops}" if base is None else f"bf16 run failed: {base.error}")
-            skipped = why.startswith("skipped") or (base is not None and (base.error or "").startswith("skipped"))
+            skipped = r.skipped or (base is not None and base.skipped)
             checks.append(Check(f"{label} loss", None if skipped else False, why))
             continue
         checks.append(_float8_loss(label, r, base))
@@ -446,47 +450,17 @@ def _single_gpu_checks() -> list[Check]:
     return checks
 
 
-@dataclass
-class Budget:
-    """--budget-s: seconds left of it (None: no budget), and whether a row's estimate still fits."""
-
-    seconds: float | None
-    start: float = field(default_factory=lambda: time.monotonic())
-
-    def left(self) -> float | None:
-        return None if self.seconds is None else self.seconds - (time.monotonic() - self.start)
-
-    def skip_reason(self, estimate_s: float) -> str | None:
-        """None when a row estimated at `estimate_s` fits what is left, else why it is skipped (one line)."""
-        left = self.left()
-        if left is None or estimate_s <= left:
-            return None
-        return f"skipped: estimated {estimate_s:.0f} s, {max(left, 0.0):.0f} s of --budget-s left"
-
-
 def run_logged(
     cmd: list[str], log: Path, timeout: float | None, env: dict | None = None, cwd: Path | None = None
 ) -> int | None:
     """Run `cmd` in its own process group with stdout and stderr appended to `log` (a file, not a pipe: a pipe
     nobody reads blocks the run when it fills); its exit code, or None when it was still running after `timeout`
-    seconds and was stopped (SIGTERM to the group, SIGKILL 30 s later: torchrun's workers go with it). Also
+    seconds and was stopped with its group (gpu_procs.wait_or_stop: torchrun's workers go with it). Also
     benchmarks/gpu_throughput.py's launcher."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=None if timeout is None else max(timeout, 1.0))
-    except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=grace)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return None
+    return wait_or_stop(proc, None if timeout is None else max(timeout, 1.0))
 
 
 _ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b)")
@@ -580,9 +554,9 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     args = spec.args(a, run_dir)
     label, plan_label = f"train {spec.label}", f"memory plan {spec.label}"
 
-    def not_run(why: str, ok: bool | None = False) -> tuple[RunResult, list[Check]]:
-        res = RunResult(spec.n_loops, spec.precision, error=why, ac=spec.ac, compiled=spec.compiled)
-        return res, [Check(label, ok, why)]
+    def not_run(why: str, skipped: bool = False) -> tuple[RunResult, list[Check]]:
+        res = RunResult(spec.n_loops, spec.precision, error=why, skipped=skipped, ac=spec.ac, compiled=spec.compiled)
+        return res, [Check(label, None if skipped else False, why)]
 
     missing = missing_modules(spec.precision)
     if missing:
@@ -590,11 +564,11 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     key = plan_key(args, a.n_gpus)
     plan = plans.get(key)
     if plan is not None and a.free_bytes is not None and plan * GIB > a.free_bytes:
-        return not_run(f"skipped: its plan is {plan:.2f} GiB, {a.free_bytes / GIB:.1f} GiB free", None)
+        return not_run(f"skipped: its plan is {plan:.2f} GiB, {a.free_bytes / GIB:.1f} GiB free", skipped=True)
     estimate = run_estimate_s(a.name, a.overrides, spec.n_loops, a.seq_len, a.micro_batch, spec.steps, spec.precision)
     skip = a.budget.skip_reason(estimate)
     if skip:
-        return not_run(skip, None)
+        return not_run(skip, skipped=True)
     log = workdir / f"{run_dir.name}.log"
     code = run_logged(torchrun_command(sys.executable, a.n_gpus, args), log, a.budget.left())
     rows = _metrics(run_dir)
@@ -608,12 +582,13 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     res.peak_gib = max(r.get("max_mem_gib") or 0 for r in rows) or None
     mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
     detail = f"{a.shape_text} {tok_s:,.0f} tokens/s/GPU, MFU {mfu_text}, loss {first:.3f} -> {last:.3f}"
-    numbers = {k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "ac", "compiled")}
+    numbers = {
+        k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "skipped", "ac", "compiled")
+    }
     checks = [Check(label, True, detail, numbers)]
-    skip = None if plan is not None else a.budget.skip_reason(PLAN_S)
-    if skip:
-        why = f"not planned: none in --plan-json, and computing one ({skip[9:]})"
-        return res, checks + [Check(plan_label, None, why)]
+    short = None if plan is not None else a.budget.shortfall(PLAN_S)
+    if short:
+        return res, checks + [Check(plan_label, None, f"not planned: none in --plan-json, and computing one ({short})")]
     try:
         res.plan_gib = plan if plan is not None else planned_peak_gib(TRAIN_CONFIG, args, a.n_gpus)
     except Exception as e:  # noqa: BLE001 - reported as a FAIL row
@@ -694,13 +669,7 @@ def _check_preemption(a: argparse.Namespace, workdir: Path) -> Check:
     logs = {k: workdir / f"preempt-{k}.log" for k in dirs}
 
     def wait(proc: subprocess.Popen) -> int | None:
-        left = a.budget.left()
-        try:
-            return proc.wait(timeout=600 if left is None else max(left, 1.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
+        return wait_or_stop(proc, a.budget.timeout(600))
 
     for k in ("ref", "rep"):
         code = wait(_launch(_preempt_args(dirs[k]), logs[k]))
@@ -947,6 +916,7 @@ def main(argv: list[str] | None = None) -> int:
     a.shape_text = a.name + "".join(f" {k}={v}" for k, v in a.overrides.items())
     a.peak = peak_flops(device) if a.cuda else None
     a.budget = Budget(a.budget_s)
+    exit_on_sigterm()  # a part stopped by gpu_session stops its run on the way out
     plans = json.loads(a.plan_json.read_text()) if a.plan_json else {}
     meta = {"device": device, "n_gpus": a.n_gpus, "torch": torch.__version__, "commit": a.commit or git_commit()}
     meta.update(shape=a.shape_text, seq_len=a.seq_len, steps=a.steps, command=" ".join(["python", *sys.argv]))

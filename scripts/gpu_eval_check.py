@@ -64,7 +64,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +75,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # this checkout's titanloop, whatever the interpreter has installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_procs beside it, also when loaded from a file
+
+from gpu_procs import Budget, exit_on_sigterm, stop_group  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -204,7 +206,7 @@ class Report:
     def row(self, name: str, fn) -> dict:
         print(f"[gpu_eval_check] {name} ...", flush=True)
         t0 = time.perf_counter()
-        left = _left()
+        left = BUDGET.left()
         try:
             if left is not None and left < ROW_RESERVE_S:
                 row = {"status": "SKIP", "reason": f"skipped: {max(left, 0.0):.0f} s of --budget-s left"}
@@ -302,27 +304,20 @@ def _env() -> dict:
     }
 
 
-_DEADLINE: list[float] = []  # time.monotonic() at which --budget-s runs out (empty: no budget)
+BUDGET = Budget(None)  # --budget-s (main sets it)
 ROW_RESERVE_S = 20.0  # a row starts only with at least this much of --budget-s left
 
 
-def _left() -> float | None:
-    """Seconds left of --budget-s (None: no budget)."""
-    return _DEADLINE[0] - time.monotonic() if _DEADLINE else None
-
-
 def _run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    left = _left()
-    timeout = timeout if left is None else max(1.0, min(timeout, left))
-    # its own process group, stopped whole at the timeout: subprocess.run's timeout kills only torchrun, and its
-    # orphaned workers would hold the GPU into the next row or part
+    # its own process group, stopped whole at the timeout or when this script is stopped: subprocess.run's timeout
+    # kills only torchrun, and its orphaned workers would hold the GPU into the next row or part
     with subprocess.Popen(
         cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as child:
         try:
-            stdout, stderr = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate(timeout=BUDGET.timeout(timeout))
+        except BaseException:  # TimeoutExpired, or SystemExit from a SIGTERM (gpu_procs.exit_on_sigterm)
+            stop_group(child, grace_s=0.0)  # (nothing here needs a graceful stop)
             child.communicate()
             raise
     proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
@@ -826,7 +821,9 @@ def row_generate_speed(args, sizes, state: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    _DEADLINE[:] = [] if args.budget_s is None else [time.monotonic() + args.budget_s]
+    global BUDGET
+    BUDGET = Budget(args.budget_s)
+    exit_on_sigterm()  # a part stopped by gpu_session stops its subprocess on the way out
     sizes = dict(SIZES["smoke" if args.smoke else "full"])
     if args.tokens:
         sizes["sweep_tokens"] = args.tokens

@@ -36,7 +36,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -45,6 +44,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_procs beside it, also when loaded from a file
+
+from gpu_procs import wait_or_stop  # noqa: E402
+
 PARTS = {
     "check": ("scripts/gpu_check.py", "gpu_check.json"),
     "eval": ("scripts/gpu_eval_check.py", "gpu_eval.json"),
@@ -137,8 +140,9 @@ def check_args(a: argparse.Namespace) -> list[str]:
 
 
 def run_part(cmd: list[str], log: Path, timeout: float, env: dict) -> int | None:
-    """The part's exit code, or None when it was stopped at `timeout` (its whole process group). Its output is
-    echoed as it comes (the call's output) and kept in `log`."""
+    """The part's exit code, or None when it was stopped at `timeout`: SIGTERM to its process group, on which the
+    part stops the run it is waiting on (gpu_procs), then SIGKILL 30 s later. Its output is echoed as it comes (the
+    call's output) and kept in `log`."""
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -152,12 +156,7 @@ def run_part(cmd: list[str], log: Path, timeout: float, env: dict) -> int | None
 
         reader = threading.Thread(target=copy, daemon=True)
         reader.start()
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
+        code = wait_or_stop(proc, timeout)  # SIGTERM first: the part then stops the run it is waiting on
         reader.join(timeout=10)
         return code
 

@@ -272,6 +272,7 @@ def test_run_plan_skips_what_does_not_fit_falls_back_and_runs_t8_of_the_fastest(
     ctx = gt.gpu_context(workdir=tmp_path, artifacts=tmp_path / "art", budget_s=200.0)
     now = [0.0]  # a clock that runs as long as each run's estimate
     monkeypatch.setattr(gt.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(gt.time, "monotonic", lambda: now[0])  # (the budget's clock, gpu_procs.Budget)
 
     def titanloop(ctx, job, remaining):
         now[0] += job.estimate_s

@@ -218,9 +218,15 @@ def test_float8_rules():
     assert c["float8 tensorwise T=8 speed"].ok is False  # 0.9x: tensorwise must not be slower than bf16
     assert c["float8 rowwise T=8 loss"].ok is False and "boom" in c["float8 rowwise T=8 loss"].detail
     assert c["float8 tensorwise T=4 loss"].numbers["rel"] == pytest.approx(0.1 / 6.0)
-    skipped = gc.RunResult(4, "rowwise", error="skipped: estimated 90 s, 10 s of --budget-s left")
+    skipped = gc.RunResult(4, "rowwise", error="skipped: estimated 90 s, 10 s of --budget-s left", skipped=True)
     c = {x.name: x for x in gc.float8_checks(runs[:2] + [skipped])}
     assert c["float8 rowwise T=4 loss"].ok is None and "skipped" in c["float8 rowwise T=4 loss"].detail  # n/a
+    base_skipped = gc.RunResult(4, "bf16", error="skipped: estimated 90 s, 10 s of --budget-s left", skipped=True)
+    c = {x.name: x for x in gc.float8_checks([base_skipped, runs[1]])}
+    assert c["float8 tensorwise T=4 loss"].ok is None  # no bf16 base because it did not fit: n/a, not a FAIL
+    # a failed run is a FAIL whatever its error says: the flag decides, not the text
+    failed = gc.RunResult(4, "rowwise", error="skipped a beat: exit 1")
+    assert {x.name: x for x in gc.float8_checks(runs[:2] + [failed])}["float8 rowwise T=4 loss"].ok is False
 
 
 def test_loss_window():
@@ -629,6 +635,11 @@ def test_budget_skips_what_no_longer_fits(monkeypatch):
     clock[0] = 500.0
     assert b.left() == -100.0 and "0 s of --budget-s left" in b.skip_reason(1.0)
     assert gc.Budget(None).skip_reason(1e9) is None and gc.Budget(None).left() is None
+    assert b.shortfall(1.0) == "estimated 1 s, 0 s of --budget-s left" and b.shortfall(-200.0) is None
+    # a child's timeout: what is left (at least 1 s), at most the cap; unbounded only without budget and cap
+    assert b.timeout(600) == 1.0 and gc.Budget(None).timeout(600) == 600 and gc.Budget(None).timeout() is None
+    clock[0] = 150.0
+    assert gc.Budget(300.0).timeout(600) == 300.0 and b.timeout(600) == 250.0 and b.timeout(60) == 60
 
 
 def test_run_estimates_follow_the_measured_step():
@@ -787,9 +798,14 @@ def test_a_training_row_uses_plans_given_and_skips_what_does_not_fit(tmp_path, m
     a.budget = gc.Budget(gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 1, 10) + 10)  # room for the run, not a plan
     res, rows = gc._train(a, spec, tmp_path / "tight", {})
     assert rows[0].ok and rows[1].ok is None and rows[1].detail.startswith("not planned: none in --plan-json")
+    assert "(estimated 80 s, " in rows[1].detail
     a.budget, a.free_bytes = gc.Budget(1000.0), 20 * gc.GIB
     res, rows = gc._train(a, spec, tmp_path / "big", plans)
-    assert rows[0].ok is None and "its plan is 28.00 GiB, 20.0 GiB free" in rows[0].detail and res.error
+    assert rows[0].ok is None and "its plan is 28.00 GiB, 20.0 GiB free" in rows[0].detail and res.skipped
+    a.budget, a.free_bytes = gc.Budget(5.0), 79 * gc.GIB
+    res, rows = gc._train(a, spec, tmp_path / "late", plans)
+    assert rows[0].ok is None and rows[0].detail.startswith("skipped: estimated") and res.skipped
+    a.budget = gc.Budget(1000.0)
     monkeypatch.setattr(gc, "run_logged", lambda *args, **kw: None)
     a.free_bytes = 79 * gc.GIB
     res, rows = gc._train(a, spec, tmp_path / "stopped", plans)

@@ -106,16 +106,16 @@ def test_budget_skips_rows_and_stops_subprocesses(tmp_path, monkeypatch):
     mod = _module()
     out = tmp_path / "b.json"
     args = mod.parse_args(["--smoke", "--out", str(out), "--budget-s", "100", "--commit", "abc123"])
-    monkeypatch.setattr(mod, "_DEADLINE", [mod.time.monotonic() + 100])
+    monkeypatch.setattr(mod, "BUDGET", mod.Budget(100.0))
     report_ = mod.Report(args, mod.SIZES["smoke"])
     calls = []
     assert report_.row("fits", lambda: calls.append(1) or {"status": "PASS"})["status"] == "PASS"
-    mod._DEADLINE[:] = [mod.time.monotonic() + mod.ROW_RESERVE_S - 1]
+    mod.BUDGET = mod.Budget(mod.ROW_RESERVE_S - 1)
     late = report_.row("late", lambda: calls.append(2) or {"status": "PASS"})
     assert late["status"] == "SKIP" and "--budget-s" in late["reason"] and calls == [1]
     pid_file = tmp_path / "grandchild.pid"
     with pytest.raises(subprocess.TimeoutExpired):  # as torchrun's workers: a grandchild goes with the group
-        mod._DEADLINE[:] = [mod.time.monotonic() + 1.0]
+        mod.BUDGET = mod.Budget(1.0)
         mod._run(["bash", "-c", f"sleep 30 & echo $! > {pid_file}; wait"])
     pid = int(pid_file.read_text())
     deadline = mod.time.monotonic() + 10

@@ -96,6 +96,36 @@ def test_a_part_past_its_time_is_stopped(tmp_path):
     assert gs.run_part(["bash", "-c", "echo ok; exit 4"], log, 30.0, {"PATH": "/usr/bin:/bin"}) == 4
 
 
+def _ended(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process `pid` is gone (or a zombie waiting to be reaped) within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_stopped_part_stops_the_run_it_waits_on(tmp_path):
+    """A part waits on its run in the run's own process group (start_new_session: torchrun and its workers), out
+    of reach of a signal to the part's group. Stopping the part at its time must still stop that run: it would
+    otherwise hold the GPU through the next part. SIGKILL to the part's group alone (before gpu_procs) left it."""
+    pid_file = tmp_path / "run.pid"
+    part = (
+        "import subprocess, sys; sys.path.insert(0, sys.argv[1]); import gpu_procs; gpu_procs.exit_on_sigterm(); "
+        "run = subprocess.Popen(['bash', '-c', 'sleep 120 & echo $! > ' + sys.argv[2] + '; wait'], "
+        "start_new_session=True); print('begun', flush=True); gpu_procs.wait_or_stop(run, 600)"
+    )
+    cmd = [sys.executable, "-c", part, str(ROOT / "scripts"), str(pid_file)]
+    t0 = time.monotonic()
+    assert gs.run_part(cmd, tmp_path / "p.log", 3.0, {"PATH": "/usr/bin:/bin"}) is None
+    assert time.monotonic() - t0 < 30 and (tmp_path / "p.log").read_text().startswith("begun")
+    assert _ended(int(pid_file.read_text())), "the part's run outlived the part"
+
+
 def test_logs_tarball_keeps_logs_not_checkpoints(tmp_path):
     work = tmp_path / "w"
     (work / "check" / "T4-bf16-loop").mkdir(parents=True)
