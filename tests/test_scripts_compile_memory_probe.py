@@ -1,0 +1,39 @@
+"""scripts/compile_memory_probe.py without running its 12-minute probe: the configs it compares differ in exactly the
+two settings it is about, and its command line explains itself and refuses a call without --out."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "compile_memory_probe.py"
+_spec = importlib.util.spec_from_file_location("compile_memory_probe_script", SCRIPT)
+probe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(probe)
+
+
+def test_the_four_runs_differ_only_in_ac_and_compile():
+    from titanloop.train.config import load_config
+
+    cfgs = {
+        (ac, c): load_config(probe.CONFIG, probe.overrides(ac, c), world_size=1)
+        for ac in probe.ACS
+        for c in (False, True)
+    }
+    for (ac, compiled), cfg in cfgs.items():
+        assert cfg.parallelism.activation_checkpoint == ac and cfg.parallelism.compile is compiled
+        assert (cfg.training.seq_len, cfg.model.shape(4).hidden_size, cfg.training.doc_masking) == (4096, 512, False)
+    base = cfgs[("none", False)]
+    for cfg in cfgs.values():  # everything else equal
+        assert cfg.model == base.model and cfg.training == base.training and cfg.optimizer == base.optimizer
+
+
+def test_help_and_a_missing_out():
+    run = [sys.executable, str(SCRIPT)]
+    help_ = subprocess.run([*run, "--help"], capture_output=True, text=True)
+    assert help_.returncode == 0 and "compiled" in help_.stdout and "VmHWM" in help_.stdout
+    missing = subprocess.run(run, capture_output=True, text=True)
+    assert missing.returncode == 2 and "--out" in missing.stderr
