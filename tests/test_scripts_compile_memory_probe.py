@@ -37,3 +37,27 @@ def test_help_and_a_missing_out():
     assert help_.returncode == 0 and "compiled" in help_.stdout and "VmHWM" in help_.stdout
     missing = subprocess.run(run, capture_output=True, text=True)
     assert missing.returncode == 2 and "--out" in missing.stderr
+
+
+def test_the_compile_saving_predicts_the_probes_measured_difference():
+    """memory_plan.compile_saving_bytes, from one layer's saved tensors eager vs inductor's partition, against the
+    probe's committed measurement (benchmarks/probes/compile_memory_cpu.json): without AC, the eager step's peak
+    less the compiled step's is the saving it predicts, within 10%. (With per-loop AC the probe's difference is
+    about 20% above the prediction on this CPU; that case waits for the GPU's numbers and is not asserted.)"""
+    import json
+
+    from titanloop.train.config import load_config
+    from titanloop.train.memory_plan import compile_saving_bytes, layer_saved_bytes_per_token
+
+    doc = json.loads((ROOT / "benchmarks" / "probes" / "compile_memory_cpu.json").read_text())
+    peak = {(r["ac"], r["compiled"]): r["peak_bytes"] for r in doc["rows"]}
+    measured = peak[("none", False)] - peak[("none", True)]
+    cfg = load_config(probe.CONFIG, probe.overrides("none", True), world_size=1)
+    eager, compiled = per_token = layer_saved_bytes_per_token(cfg.model.shape(4))
+    assert compiled < eager  # inductor keeps fewer bytes (no fp32 copies in the norms, fused elementwise chains)
+    predicted = compile_saving_bytes(cfg, per_token)
+    assert abs(predicted / measured - 1) <= 0.10, (predicted, measured)
+    eager_cfg = load_config(probe.CONFIG, probe.overrides("none", False), world_size=1)
+    assert compile_saving_bytes(eager_cfg, per_token) == 0
+    tensorwise = load_config(probe.CONFIG, [*probe.overrides("none", True), "--float8.recipe", "tensorwise"])
+    assert compile_saving_bytes(tensorwise, per_token) is None  # not modeled: said, not guessed

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from titanloop.config_errors import require
+from titanloop.model.config import LoopLMConfig
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.parallel.comm_count import count_collective_bytes
 from titanloop.train.config import TrainConfig
@@ -225,3 +226,92 @@ def plan_memory(
     return MemoryPlan(
         mesh.world_size, n_loops, rows, snap.get("Total", sum(rows.values())), gpu_mem_gb, reserve_gb, attention, notes
     )
+
+
+# ----- what compile changes (not yet part of the plan: issue 34 measures it on the GPU first) ---------------------
+COMPILE_PROBE_SEQ = (256, 512)  # two short sequences: the slope between them is the per-token cost
+
+
+def layer_saved_bytes_per_token(
+    model: LoopLMConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+) -> tuple[float, float]:
+    """Bytes one decoder-layer call keeps for its backward, per token: (eager, compiled). Eager counts the distinct
+    storages autograd saves (saved-tensor hooks; the weights and the layer's input left out, they exist anyway).
+    Compiled counts the tensors that inductor's partition of the layer's joint graph (min-cut rematerialization,
+    as `torch.compile` uses) passes from the forward to the backward, besides the layer's own inputs. Real tensors
+    of one layer at COMPILE_PROBE_SEQ tokens; the slope between the two cancels weight-sized terms. Plain causal
+    attention, as the plan models document masking."""
+    import functools
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from titanloop.model.attention import rope_cos_sin
+    from titanloop.model.looplm import DecoderLayer
+
+    torch.manual_seed(0)
+    layer = DecoderLayer(model).to(device=device, dtype=dtype)
+    kept = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+
+    def eager(x, cos, sin) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in kept and ptr != x.untyped_storage().data_ptr():
+                seen[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x, cos, sin)
+        return sum(seen.values())
+
+    def compiled(x, cos, sin) -> int:
+        saved: list[int] = []
+
+        def backward_graph(gm, example_inputs):  # its placeholders: what the forward saved, then the gradients
+            nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            vals = [n.meta.get("val") for n in nodes if not n.name.startswith(("primals_", "tangents_"))]
+            saved.append(sum(v.untyped_storage().nbytes() for v in vals if isinstance(v, torch.Tensor)))
+            return make_boxed_func(gm.forward)
+
+        partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+        forward_graph = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731 - run as traced
+        backend = aot_autograd(fw_compiler=forward_graph, bw_compiler=backward_graph, partition_fn=partition)
+        torch._dynamo.reset()
+        try:
+            torch.compile(layer, backend=backend, fullgraph=True, dynamic=False)(x, cos, sin).float().sum().backward()
+        finally:
+            torch._dynamo.reset()
+        return saved[-1]
+
+    counts = {}
+    for seq in COMPILE_PROBE_SEQ:
+        x = torch.randn(1, seq, model.hidden_size, device=device, dtype=dtype, requires_grad=True)
+        cos, sin = rope_cos_sin(torch.arange(seq, device=device), model.head_dim, model.rope_theta, dtype)
+        counts[seq] = (eager(x, cos, sin), compiled(x, cos, sin))
+    (e1, c1), (e2, c2) = (counts[s] for s in COMPILE_PROBE_SEQ)
+    span = COMPILE_PROBE_SEQ[1] - COMPILE_PROBE_SEQ[0]
+    return (e2 - e1) / span, (c2 - c1) / span
+
+
+def compile_saving_bytes(cfg: TrainConfig, per_token: tuple[float, float]) -> int | None:
+    """How many bytes fewer a compiled step holds at its peak than the (eager) plan says: the decoder-layer calls
+    whose saved tensors are live at the peak x the tokens of one micro-batch x what compile saves per token and
+    layer call (layer_saved_bytes_per_token). Live at the peak: every looped layer call of the micro-batch without
+    AC, one loop's layers with per-loop AC (its recompute). 0 when the config does not compile; None where this is
+    not modeled (other AC policies, float8, tensor parallelism, prelude or coda layers)."""
+    if not cfg.parallelism.compile:
+        return 0
+    if cfg.float8.recipe != "off":
+        return None
+    n_loops = cfg.loop_sampler.bounds()[1]
+    model = cfg.model.shape(n_loops)
+    if cfg.parallelism.tp > 1 or model.n_prelude_layers or model.n_coda_layers:
+        return None
+    calls = {"none": model.n_layers * n_loops, "loop": model.n_layers}.get(cfg.parallelism.activation_checkpoint)
+    if calls is None:
+        return None
+    eager, compiled = per_token
+    return int(calls * cfg.training.micro_batch_size * cfg.training.seq_len * (eager - compiled))
