@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 import torch
 
 from titanloop.config_errors import require
+from titanloop.model.attention import rope_cos_sin
 from titanloop.model.config import LoopLMConfig
+from titanloop.model.looplm import DecoderLayer
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.parallel.comm_count import count_collective_bytes
 from titanloop.train.config import TrainConfig
@@ -246,9 +248,6 @@ def layer_saved_bytes_per_token(
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-    from titanloop.model.attention import rope_cos_sin
-    from titanloop.model.looplm import DecoderLayer
 
     torch.manual_seed(0)
     layer = DecoderLayer(model).to(device=device, dtype=dtype)
