@@ -206,10 +206,10 @@ class Report:
     def row(self, name: str, fn) -> dict:
         print(f"[gpu_eval_check] {name} ...", flush=True)
         t0 = time.perf_counter()
-        left = BUDGET.left()
+        skip = BUDGET.skip_reason(ROW_RESERVE_S)
         try:
-            if left is not None and left < ROW_RESERVE_S:
-                row = {"status": "SKIP", "reason": f"skipped: {max(left, 0.0):.0f} s of --budget-s left"}
+            if skip:
+                row = {"status": "SKIP", "reason": skip}
             else:
                 row = fn()
         except Exception as e:  # noqa: BLE001 - a failed row is recorded, the other rows still run
