@@ -274,20 +274,22 @@ def _cuda_ok(a: argparse.Namespace) -> bool:
     return bool(a.cuda) and torch.cuda.is_available()
 
 
+_LAYER_SAVED: dict[tuple[str, str], object] = {}  # (model config, device) -> layer_saved_bytes_per_token's result
+
+
 def compiled_plan_gib(a: argparse.Namespace, args: list[str], plan_gib: float) -> float | str:
     """The plan less what compile saves at its peak (memory_plan.compile_saving_bytes, not yet part of the plan:
     this row measures it first), or one line on why there is none. The per-token saving of the shape's decoder
-    layer is measured once per shape on this run's device."""
+    layer is measured once per shape and device (_LAYER_SAVED)."""
     from titanloop.train.config import load_config
     from titanloop.train.memory_plan import compile_saving_bytes, layer_saved_bytes_per_token
 
     try:
         cfg = load_config(TRAIN_CONFIG, args, world_size=a.n_gpus)
-        cache = a.__dict__.setdefault("layer_saved", {})
-        key = repr(cfg.model.to_dict())
-        if key not in cache:
-            cache[key] = layer_saved_bytes_per_token(cfg.model.shape(4), device="cuda" if _cuda_ok(a) else "cpu")
-        saving = compile_saving_bytes(cfg, cache[key])
+        key = (repr(cfg.model.to_dict()), "cuda" if _cuda_ok(a) else "cpu")
+        if key not in _LAYER_SAVED:
+            _LAYER_SAVED[key] = layer_saved_bytes_per_token(cfg.model.shape(4), device=key[1])
+        saving = compile_saving_bytes(cfg, _LAYER_SAVED[key])
     except Exception as e:  # noqa: BLE001 - a number reported beside the verdict; its failure is said, not fatal
         return f"failed: {type(e).__name__}: {e}"[:160]
     return "not modeled for this run (float8, TP, AC policy)" if saving is None else plan_gib - saving / GIB

@@ -790,6 +790,7 @@ def test_a_training_row_uses_plans_given_and_skips_what_does_not_fit(tmp_path, m
     import titanloop.train.memory_plan as memory_plan
 
     measured_on = []  # the layer's saved bytes per token (eager, compiled): measured once per shape
+    monkeypatch.setattr(gc, "_LAYER_SAVED", {})
     monkeypatch.setattr(
         memory_plan, "layer_saved_bytes_per_token", lambda model, **kw: measured_on.append(kw) or (2000.0, 1000.0)
     )
