@@ -10,7 +10,8 @@ run; figures that depend on machine load are min / median / max over repeats, ju
     python -m benchmarks.report                        #   regenerate BENCHMARKS.md
     python benchmarks/run_all.py --results --only checkpoint loss_memory
     python benchmarks/run_all.py --tiny --out /tmp/b   # smallest sizes: checks every script runs and writes a
-                                                       #   valid report json (smoke test; numbers meaningless)
+                                                       #   valid report json (smoke test; numbers meaningless;
+                                                       #   --jobs 2 runs two at a time)
 
 Measure committed code: a result records HEAD, and uncommitted changes under the paths it measures make it stale
 from the start (benchmarks/report.py MEASURES). Each benchmark's wall time is printed as it finishes.
@@ -24,7 +25,9 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -72,27 +75,43 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
-def run_one(name: str, args: list[str], out_dir: Path, index: str) -> tuple[float, str | None]:
-    """Run one benchmark writing out_dir/<name>.json; (wall seconds, error or None)."""
+def run_one(name: str, args: list[str], out_dir: Path, index: str, capture: bool = False) -> tuple[float, str | None]:
+    """Run one benchmark writing out_dir/<name>.json; (wall seconds, error or None). With `capture` (benchmarks
+    running side by side), the benchmark's output is held and printed in one block when it ends."""
     script = BENCHMARKS[name][0]
     out = out_dir / f"{name}.json"
     cmd = [sys.executable, str(HERE / f"{script}.py"), *args, "--out", str(out)]
-    print(f"\n=== {index} {name}: {shlex.join(['python', f'benchmarks/{script}.py', *cmd[2:]])}", flush=True)
+    lines = [f"\n=== {index} {name}: {shlex.join(['python', f'benchmarks/{script}.py', *cmd[2:]])}"]
+    if not capture:
+        print(lines.pop(), flush=True)
     start = time.time()
     before = out.stat().st_mtime if out.is_file() else None
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.run(cmd, cwd=HERE.parent, env=env, text=True)
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.run(
+        cmd, cwd=HERE.parent, env=env, text=True, stdout=pipe, stderr=subprocess.STDOUT if capture else None
+    )
     wall = time.time() - start
+    lines += [proc.stdout.rstrip("\n")] if capture and proc.stdout else []
+    err = None
     if proc.returncode != 0 or not out.is_file() or out.stat().st_mtime == before:
-        return wall, f"exit {proc.returncode}, {out} {'not written' if proc.returncode == 0 else 'may be partial'}"
-    try:
-        data = validate(out, json.loads(out.read_text()))
-    except (ResultError, json.JSONDecodeError) as e:
-        return wall, f"invalid report json: {e}"
-    if not data.get("commit"):
-        return wall, f"{out} records no commit"
-    print(f"=== {index} {name}: {wall:.0f} s", flush=True)
-    return wall, None
+        err = f"exit {proc.returncode}, {out} {'not written' if proc.returncode == 0 else 'may be partial'}"
+    else:
+        try:
+            data = validate(out, json.loads(out.read_text()))
+            if not data.get("commit"):
+                err = f"{out} records no commit"
+        except (ResultError, json.JSONDecodeError) as e:
+            err = f"invalid report json: {e}"
+    if err is None:
+        lines.append(f"=== {index} {name}: {wall:.0f} s")
+    if lines:
+        with _PRINT:
+            print("\n".join(lines), flush=True)
+    return wall, err
+
+
+_PRINT = threading.Lock()
 
 
 def main(argv=None) -> int:
@@ -103,6 +122,14 @@ def main(argv=None) -> int:
     )
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks (result names)")
     p.add_argument("--tiny", action="store_true", help="smallest sizes (smoke test; numbers are meaningless)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --tiny: run N benchmarks side by side, each one's output printed when it ends (default 1; "
+        "timed figures need the machine to themselves, so the recorded sizes always run one at a time)",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--results", action="store_true", help=f"write straight into {RESULTS}")
     where.add_argument("--out", type=Path, help="output directory (default: benchmark_results)")
@@ -113,18 +140,32 @@ def main(argv=None) -> int:
         p.error(f"unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}")
     if a.tiny and a.results:
         p.error("--tiny writes meaningless numbers: use --out DIR with it, not --results")
+    if a.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {a.jobs}")
+    if a.jobs > 1 and not a.tiny:
+        p.error("--jobs N > 1 shares the CPUs between benchmarks and skews their timings: use it with --tiny only")
     out_dir = RESULTS if a.results else (a.out or Path("benchmark_results"))
     out_dir.mkdir(parents=True, exist_ok=True)
     walls, failed = {}, {}
-    for i, name in enumerate(names):
-        walls[name], err = run_one(name, BENCHMARKS[name][2 if a.tiny else 1], out_dir, f"[{i + 1}/{len(names)}]")
+
+    def one(i: int, name: str) -> None:
+        args = BENCHMARKS[name][2 if a.tiny else 1]
+        walls[name], err = run_one(name, args, out_dir, f"[{i + 1}/{len(names)}]", capture=a.jobs > 1)
         if err:
             failed[name] = err
             print(f"=== {name} FAILED after {walls[name]:.0f} s: {err}", file=sys.stderr, flush=True)
+
+    start = time.time()
+    with ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(one, range(len(names)), names))  # list(): re-raises what a thread raised
+    walls = {n: walls[n] for n in names}
     print("\nwall time per benchmark:")
     for name, wall in walls.items():
         print(f"  {name:<26} {wall:>8.0f} s" + ("   FAILED" if name in failed else ""))
-    print(f"  {'total':<26} {sum(walls.values()):>8.0f} s")
+    print(
+        f"  {'total':<26} {sum(walls.values()):>8.0f} s"
+        + (f" ({time.time() - start:.0f} s wall, {a.jobs} at once)" if a.jobs > 1 else "")
+    )
     if failed:
         for name, err in failed.items():
             script = BENCHMARKS[name][0]

@@ -1,6 +1,7 @@
 """The one-command benchmark runner works end to end at the tiniest sizes: every benchmark writes a report json
 (benchmarks/report.py schema) with the commit it measured, and BENCHMARKS.md renders from them."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def test_run_all_covers_every_committed_result():
 
 @pytest.mark.slow
 def test_run_all_tiny_writes_every_report(tmp_path):
-    proc = _run_all("--tiny", "--out", str(tmp_path), timeout=1800)
+    # two at a time (numbers at --tiny mean nothing, so sharing the CPUs costs nothing but saves CI minutes)
+    proc = _run_all("--tiny", "--jobs", "2", "--out", str(tmp_path), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {p.stem for p in tmp_path.glob("*.json")} == set(run_all.BENCHMARKS)
     results = dict(load_results(tmp_path))  # validates every file against the schema (met vs target included)
@@ -57,12 +59,24 @@ def test_run_all_tiny_writes_every_report(tmp_path):
     comm = {r["layout"]: r["comms"] for r in results["communication"]["result"]["rows"]}
     # the looped stack gathered once per step issues fewer all-gathers than resharding after every use
     assert comm["fsdp2 looped (gather once)"]["all_gather"] < comm["fsdp2 looped (reshard always)"]["all_gather"]
-    assert "wall time per benchmark" in proc.stdout
+    assert "wall time per benchmark" in proc.stdout and "2 at once" in proc.stdout
+    # each benchmark's output is one block: its command line, its own output, its wall time; never another's lines
+    marks = re.findall(r"^=== \[\d+/\d+\] (\w+): (python|\d+ s$)", proc.stdout, re.M)
+    names = [name for name, kind in marks[::2]]
+    assert sorted(names) == sorted(run_all.BENCHMARKS), marks
+    assert [(n, k == "python") for n, k in marks] == [(n, first) for n in names for first in (True, False)], marks
 
 
 def test_run_all_rejects_unknown_names():
     proc = _run_all("--only", "nope")
     assert proc.returncode == 2 and "unknown benchmark(s) ['nope']" in proc.stderr
+
+
+def test_run_all_runs_side_by_side_only_at_tiny_sizes():
+    proc = _run_all("--jobs", "2", "--only", "scaling_on_paper")
+    assert proc.returncode == 2 and "use it with --tiny only" in proc.stderr
+    proc = _run_all("--tiny", "--jobs", "0")
+    assert proc.returncode == 2 and "--jobs must be at least 1" in proc.stderr
 
 
 def test_run_all_refuses_tiny_into_results():
