@@ -1,6 +1,7 @@
 """Checkpointer and PreemptionMonitor in one process: atomic layout, retention, async publish, integrity errors.
 
-Multi-process resume, signals and world-size changes are in test_checkpoint_e2e.py.
+Multi-process resume and signals: test_train_preemption.py (the real trainer); world-size changes:
+test_checkpoint_e2e.py.
 """
 
 from __future__ import annotations
