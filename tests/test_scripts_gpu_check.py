@@ -581,7 +581,7 @@ def test_plans_written_ahead_are_found_by_their_key(tmp_path):
     """--write-plans on this CPU machine (no GPU): one plan per training run, keyed as the GPU run looks it up."""
     out = tmp_path / "plans.json"
     proc = subprocess.run(
-        [sys.executable, str(gc.SCRIPT), "--write-plans", str(out), "--shape", "debug-small", "--seq-len", "256"]
+        [sys.executable, str(gc.SCRIPT), "--write-plans", str(out), "--shape", "debug-tiny", "--seq-len", "256"]
         + ["--precisions", "bf16", "--steps", "5"],
         cwd=ROOT,
         capture_output=True,
@@ -591,13 +591,13 @@ def test_plans_written_ahead_are_found_by_their_key(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     plans = json.loads(out.read_text())
     a = gc.parse_args(["--plan-json", str(out), "--seq-len", "256", "--precisions", "bf16", "--steps", "5"])
-    key = gc.plan_key(gc.train_args(tmp_path / "elsewhere", "debug-small", {}, 4, 256, 1, "bf16", 5, 1), 1)
-    memory = gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, "bf16", gc.MEMORY_STEPS, 1, gc.MEMORY_AC)
+    key = gc.plan_key(gc.train_args(tmp_path / "elsewhere", "debug-tiny", {}, 4, 256, 1, "bf16", 5, 1), 1)
+    memory = gc.train_args(tmp_path, "debug-tiny", {}, 4, 256, 1, "bf16", gc.MEMORY_STEPS, 1, gc.MEMORY_AC)
     eager = memory + ["--parallelism.compile", "false"]
     assert list(plans) == [key, gc.plan_key(memory, 1), gc.plan_key(eager, 1)]  # training run, 2 memory runs
     assert a.plan_json == out and plans[key] < plans[gc.plan_key(memory, 1)]  # without AC every loop's activations stay
     assert plans[key] == pytest.approx(
-        gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 256, 1, steps=5), 1)
+        gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-tiny", {}, 4, 256, 1, steps=5), 1)
     )
 
 
@@ -617,9 +617,9 @@ def test_collective_counting_without_all_gather_single(monkeypatch):
 def test_planned_peak_of_the_gpu_check_runs(tmp_path):
     """The memory plan accepts exactly the training arguments gpu_check uses (compile on, 2 GPUs) and grows with the
     sequence length and the loop count (activations), so the check compares against a real plan."""
-    base = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 256, 2), 2)
-    longer = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 4, 1024, 2), 2)
-    deeper = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-small", {}, 8, 1024, 2), 2)
+    base = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-tiny", {}, 4, 256, 2), 2)
+    longer = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-tiny", {}, 4, 1024, 2), 2)
+    deeper = gc.planned_peak_gib(gc.TRAIN_CONFIG, gc.train_args(tmp_path, "debug-tiny", {}, 8, 1024, 2), 2)
     assert 0 < base < longer < deeper, (base, longer, deeper)
 
 
