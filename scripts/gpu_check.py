@@ -890,7 +890,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="no GPU: the whole orchestration on the CPU at tiny sizes (debug-small, 256 tokens, 3 steps, no "
+        help="no GPU: the whole orchestration on the CPU at tiny sizes (debug-tiny, 256 tokens, 3 steps, no "
         "single-GPU checks, no preemption row); its numbers and verdicts mean nothing",
     )
     parser.add_argument("--out", type=Path, default=RESULT_JSON, help="result json (default %(default)s)")
@@ -899,7 +899,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.seq_len = a.seq_len or (256 if a.smoke else 4096)
     a.steps = a.steps if a.steps is not None else (3 if a.smoke else STEPS)
     if a.smoke:
-        a.shape, a.skip_single = a.shape or "debug-small", True
+        a.shape, a.skip_single = a.shape or "debug-tiny", True
     try:
         a.loops = [4, 8] if a.full else [int(t) for t in a.loops.split(",")]
         assert all(t >= 1 for t in a.loops)
