@@ -154,7 +154,7 @@ def test_parse_args(tmp_path):
     assert full.loops == [4, 8] and full.learning and full.preemption and (full.steps, full.micro_batch) == (40, 2)
     smoke = gc.parse_args(["--smoke", "--full"])
     assert (smoke.shape, smoke.seq_len, smoke.steps, smoke.skip_single, smoke.preemption) == (
-        "debug-small",
+        "debug-tiny",
         256,
         3,
         True,
