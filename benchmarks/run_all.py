@@ -75,15 +75,19 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
+_PRINT = threading.Lock()  # one block at a time from the benchmarks run side by side
+
+
 def run_one(name: str, args: list[str], out_dir: Path, index: str, capture: bool = False) -> tuple[float, str | None]:
     """Run one benchmark writing out_dir/<name>.json; (wall seconds, error or None). With `capture` (benchmarks
     running side by side), the benchmark's output is held and printed in one block when it ends."""
     script = BENCHMARKS[name][0]
     out = out_dir / f"{name}.json"
     cmd = [sys.executable, str(HERE / f"{script}.py"), *args, "--out", str(out)]
-    lines = [f"\n=== {index} {name}: {shlex.join(['python', f'benchmarks/{script}.py', *cmd[2:]])}"]
+    header = f"\n=== {index} {name}: {shlex.join(['python', f'benchmarks/{script}.py', *cmd[2:]])}"
+    lines = [header] if capture else []  # held for the block, or printed now
     if not capture:
-        print(lines.pop(), flush=True)
+        print(header, flush=True)
     start = time.time()
     before = out.stat().st_mtime if out.is_file() else None
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -109,9 +113,6 @@ def run_one(name: str, args: list[str], out_dir: Path, index: str, capture: bool
         with _PRINT:
             print("\n".join(lines), flush=True)
     return wall, err
-
-
-_PRINT = threading.Lock()
 
 
 def main(argv=None) -> int:
