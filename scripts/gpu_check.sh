@@ -9,11 +9,14 @@
 # With the .venv (TITANLOOP_VENV overrides its location) it runs scripts/setup.sh first and, on a CUDA machine,
 # tries the GPU extra (flash-attn) once per venv; flash-attn is optional, and without a prebuilt wheel for this
 # torch/CUDA its source build is given up after TITANLOOP_FLASH_ATTN_TIMEOUT seconds (default 300).
-# `--no-gpu-extras` skips that. Other options go to `python scripts/gpu_check.py` (--help lists them).
+# `--no-gpu-extras` skips that. Other options go to `python scripts/gpu_check.py`. `--help` prints this header and,
+# where an interpreter with torch is already at hand (--python, or an existing .venv), gpu_check.py's options; it
+# installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
 EXTRAS=1
+HELP=0
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -21,9 +24,20 @@ while [ $# -gt 0 ]; do
               [ -n "$PY" ] || { echo "error: --python is empty: give an interpreter, e.g. --python /usr/bin/python3" >&2; exit 2; } ;;
     --python=*) PY="${1#*=}"; shift ;;
     --no-gpu-extras) EXTRAS=0; shift ;;
+    -h|--help) HELP=1; shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
+if [ "$HELP" = 1 ]; then  # before setup: nothing is installed
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  [ -n "$PY" ] || PY="${TITANLOOP_VENV:-.venv}/bin/python"
+  echo
+  if "$PY" -c 'import torch' >/dev/null 2>&1; then
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" scripts/gpu_check.py --help
+  fi
+  echo "gpu_check.py's options: no interpreter with torch here yet; after setup, .venv/bin/python scripts/gpu_check.py --help"
+  exit 0
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" WANDB_MODE="${WANDB_MODE:-offline}"
 if [ -n "$PY" ]; then
   if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' >/dev/null 2>&1; then

@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite, slow end-to-end tests included.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
+# usage: bash scripts/test.sh [pytest options]
+#
+# Set up .venv if needed (scripts/setup.sh: titanloop with its pinned dependencies; the first time takes minutes and
+# ~6 GB), then run the whole test suite with pytest, slow end-to-end tests included (about 40 minutes on 2 cores).
+# Every other argument goes to pytest, e.g.
+#   bash scripts/test.sh -m "not slow"                   # the quick subset
+#   bash scripts/test.sh tests/test_train_metrics.py -x   # one file, stop at the first failure
+# The Slurm tests need a local cluster (sudo bash slurm/local_cluster.sh install && ... start); under CI=true a
+# skipped test fails the run unless it needs a GPU (tests/conftest.py). pytest's own options:
+# `.venv/bin/python -m pytest --help` once the venv exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  # this script's own help: the header comment above, before setup (nothing is installed)
+  case "$arg" in -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
+done
 bash scripts/setup.sh
 export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec "${TITANLOOP_VENV:-.venv}/bin/python" -m pytest -q "$@"

@@ -86,6 +86,22 @@ def test_script_uses_the_project_venv_after_setup(tmp_path):
     assert not (venv / ".titanloop-gpu-extras-tried").exists()
 
 
+def test_script_help_runs_no_setup(tmp_path):
+    """`gpu_check.sh --help` prints the script's own header, then gpu_check.py's options when an interpreter with
+    torch is at hand, and never runs setup: with no venv at TITANLOOP_VENV and a python that cannot make one,
+    the old script went into setup (and, on a fresh machine, a ~6 GB install) before any help."""
+    env = {"TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")  # setup.sh's python: cannot create the venv
+    (tmp_path / "python3").chmod(0o755)
+    proc = _script("--help", **env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The fast-path acceptance check") and "[setup]" not in proc.stdout
+    assert "after setup, .venv/bin/python scripts/gpu_check.py --help" in proc.stdout
+    assert not (tmp_path / "venv").exists()
+    proc = _script("-h", "--python", sys.executable, **env)  # an interpreter with torch: gpu_check.py's options too
+    assert proc.returncode == 0 and "usage: python scripts/gpu_check.py" in proc.stdout and "--budget-s" in proc.stdout
+
+
 def test_pick_model_by_free_memory():
     assert gc.pick_model(80 * gc.GIB, 8) == ("ouro-1.4b", {})
     assert gc.pick_model(80 * gc.GIB, 1) == ("ouro-1.4b", {})  # 1.4B x 16 B = 22 GB + looped stack + 16 GiB

@@ -1,0 +1,27 @@
+"""scripts/test.sh, the README's test command: its own `--help`, before setup."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_help_explains_and_runs_no_setup(tmp_path):
+    """`test.sh --help` prints its usage and exits 0 without setup: no venv at TITANLOOP_VENV, and a python3
+    that cannot make one (the old script went into setup first, on a fresh machine a ~6 GB install, then showed
+    pytest's help instead of its own)."""
+    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "python3").chmod(0o755)
+    env = {**os.environ, "TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("PYTHON", None)
+    for flag in ("--help", "-h"):
+        proc = subprocess.run(
+            ["bash", "scripts/test.sh", "-m", "not slow", flag], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("usage: bash scripts/test.sh [pytest options]")
+        assert '-m "not slow"' in proc.stdout and "[setup]" not in proc.stdout
+        assert not (tmp_path / "venv").exists()
