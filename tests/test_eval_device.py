@@ -12,6 +12,7 @@ per-chunk host copies, `--device` / `--dtype` in `python -m titanloop.eval`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -37,27 +38,11 @@ STAT_FIELDS = ("ce", "correct", "margin", "ash_delta", "hidden_delta", "gate_log
 
 
 # ----- the statistics as computed before issue 36 (every chunk copied into CPU tensors): the reference ---------
-def old_head_stats(readouts, weight, targets, chunk_size):
-    t_total, n, _ = readouts.shape
-    ce = torch.empty(t_total, n)
-    correct = torch.empty(t_total, n, dtype=torch.bool)
-    margin = torch.empty(t_total, n)
-    ash = torch.full((t_total, n), math.inf)
-    for s in range(0, n, chunk_size):
-        e = min(n, s + chunk_size)
-        prev = None
-        for t in range(t_total):
-            logits = (readouts[t, s:e] @ weight.t()).float()
-            logp = torch.log_softmax(logits, dim=-1)
-            p = logp.exp()
-            ce[t, s:e] = -logp.gather(1, targets[s:e, None])[:, 0]
-            correct[t, s:e] = logits.argmax(-1) == targets[s:e]
-            top = p.topk(min(2, p.shape[-1]), dim=-1).values
-            margin[t, s:e] = top[:, 0] - (top[:, 1] if top.shape[1] > 1 else 0.0)
-            if prev is not None:
-                ash[t, s:e] = (p - prev).abs().sum(-1)
-            prev = p
-    return ce, correct, margin, ash
+# old_head_stats is scripts/gpu_eval_check.py's, which runs the same comparison on the GPU: one copy of the old code
+_spec = importlib.util.spec_from_file_location("gpu_eval_check_script", REPO / "scripts" / "gpu_eval_check.py")
+_gec = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_gec)
+old_head_stats = _gec.old_head_stats
 
 
 @torch.no_grad()
