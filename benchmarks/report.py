@@ -98,7 +98,10 @@ _MODEL = ["titanloop/model/"]
 # mano, ...). Of the benchmarks only document_masking trains on them (the demo's config and task), so the others
 # exclude these paths (git pathspec) and a change to the demo or a task stales document_masking alone.
 _DEMO_ONLY = [":(exclude)train_configs/demo.toml", ":(exclude)titanloop/data/synthetic_tasks.py"]
-_TRAINER = ["titanloop/", "train_configs/", *_DEMO_ONLY]  # benchmarks that launch `torchrun -m titanloop.train`
+# The eval CLI's own module runs only under `python -m titanloop.eval`, which no benchmark calls (the trainer's
+# validation uses titanloop.eval's library modules, which stay measured).
+_EVAL_CLI = [":(exclude)titanloop/eval/__main__.py"]
+_TRAINER = ["titanloop/", "train_configs/", *_DEMO_ONLY, *_EVAL_CLI]  # benchmarks that launch the trainer
 MEASURES: dict[str, list[str]] = {
     "activation_checkpointing": [
         "benchmarks/activation_checkpointing.py",
@@ -113,7 +116,7 @@ MEASURES: dict[str, list[str]] = {
     "compile_speed": ["benchmarks/compile_speed.py", "benchmarks/common.py", *_MODEL, "titanloop/parallel/compile.py"],
     "data_loader": ["benchmarks/data_loader.py", "titanloop/data/", *_MODEL, *_DEMO_ONLY],
     "data_locality": ["benchmarks/data_loader.py", "titanloop/data/", *_DEMO_ONLY],
-    "document_masking": ["benchmarks/document_masking.py", "titanloop/", "train_configs/"],
+    "document_masking": ["benchmarks/document_masking.py", "titanloop/", "train_configs/", *_EVAL_CLI],
     "engine_parity": ["benchmarks/engine_parity.py", *_TRAINER],
     "loop_efficiency": ["benchmarks/loop_efficiency.py", "benchmarks/common.py", *_MODEL, "titanloop/objectives/"],
     "loss_memory": ["benchmarks/loss_memory.py", "benchmarks/common.py", *_MODEL, "titanloop/objectives/"],
