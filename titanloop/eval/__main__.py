@@ -16,8 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from titanloop.config_errors import ConfigError
 
 DATA_HELP = (
@@ -49,7 +47,9 @@ def _floats(s: str) -> list[float]:
 
 def load_data(spec: str, seed: int = 0):
     """The --data argument -> a dataset titanloop.eval accepts (see DATA_HELP)."""
-    from titanloop.data import DataConfig  # (CLI: `--help` and argument errors answer before torch is imported)
+    import torch  # (CLI: `--help` and argument errors answer before torch is imported)
+
+    from titanloop.data import DataConfig  # (CLI: as torch)
 
     if spec.startswith("task:"):
         return DataConfig(kind="synthetic_task", task=spec[len("task:") :], split="eval", seed=seed)
@@ -129,8 +129,9 @@ def _sweep(args) -> None:
 
 
 def _generate(args) -> None:
-    # (CLI: torch only once a subcommand runs)
-    from titanloop.eval import load_model
+    import torch  # (CLI: torch only once a subcommand runs)
+
+    from titanloop.eval import load_model  # (CLI: as torch)
     from titanloop.eval.generate import GenerationConfig, generate
 
     model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
