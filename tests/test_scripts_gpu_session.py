@@ -1,6 +1,6 @@
 """scripts/gpu_session.py, the one GPU call for issues 34-36, without a GPU: its parts and budgets, the usage
-errors, stopping a part past its time, what goes into logs.tar.gz, and one real call at smoke size (the check part)
-that leaves its json, session.json and the logs in --out."""
+errors, installing the wheels the GPU machine lacks, stopping a part past its time, what goes into logs.tar.gz, and
+one real call at smoke size (the check part) that leaves its json, session.json and the logs in --out."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,41 @@ def test_parts_and_their_budgets():
     assert gs.part_budget(240.0, 300.0, 3) == 240.0  # what it was given
     assert gs.part_budget(240.0, 100.0, 1) == 100.0  # never more than is left
     assert gs.part_budget(None, -5.0, 2) == 0.0
+
+
+def _wheel(folder: Path, name: str) -> Path:
+    """A minimal pure-Python wheel holding one empty package `name`."""
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}/__init__.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return path
+
+
+def test_wheels_installed_only_when_torchtitan_or_torchao_is_missing(tmp_path, monkeypatch):
+    """The first thing a GPU call does (the GPU machine lacks torchtitan and torchao): pip installs .whl/*.whl
+    into the site folder, offline, with the flags of shared/GPU.md. Checked here with a real pip and a small wheel;
+    with both modules importable, or with no wheels, it installs nothing and says why."""
+    (tmp_path / ".whl").mkdir()
+    site = tmp_path / "site"
+    monkeypatch.setattr(gs, "ROOT", tmp_path)
+    monkeypatch.setattr(gs, "SITE", site)
+    assert gs.install_wheels(sys.executable) == "wheels: not needed (torchtitan and torchao import)"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(gs.importlib.util, "find_spec", lambda m: None if m == "torchao" else real(m))
+    assert gs.install_wheels(sys.executable) == (
+        "wheels: ['torchao'] missing and no .whl/*.whl here (shared/GPU.md says how to bring them)"
+    )
+    _wheel(tmp_path / ".whl", "titanloop_fake_wheel")
+    assert gs.install_wheels(sys.executable) == f"wheels: 1 installed into {site}"
+    assert (site / "titanloop_fake_wheel" / "__init__.py").is_file()
 
 
 def test_usage_errors_are_one_line_and_exit_2(tmp_path):
