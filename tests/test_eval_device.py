@@ -314,6 +314,19 @@ def test_help_and_argument_errors_answer_before_torch_loads(args, code):
     assert proc.stderr.strip().splitlines()[-1] == f"torch imported: False exit: {code}", proc.stderr[-2000:]
 
 
+def test_every_name_of_the_package_loads_from_its_module():
+    """titanloop.eval lists its names twice: `__all__`, and `_EXPORTS` (name -> module) for loading them on first
+    use. They must agree, and each name must be the object its module defines (a name added to one list only would
+    break `from titanloop.eval import *` or the lazy load)."""
+    import importlib
+
+    import titanloop.eval as package
+
+    assert sorted(package.__all__) == sorted(package._EXPORTS)
+    for name, module in package._EXPORTS.items():
+        assert getattr(package, name) is getattr(importlib.import_module(module), name), name
+
+
 @pytest.mark.parametrize(
     "flag,value,expected",
     [
