@@ -21,7 +21,8 @@ What the harness provides, because torchtitan's defaults need files or packages 
     tensorboard at module level, for code paths this run never takes (HF data loading, HF tokenizer files,
     tensorboard logging). Where one of them is not installed (the offline GPU machine has none of them), a
     stand-in module takes its place whose classes and functions raise ImportError if ever used.
-  * `install_torch_compat()`: two names torchtitan 0.3.0 uses that torch 2.11 (the GPU machine's) lacks.
+  * `install_torch_compat()`: what torchtitan 0.3.0 uses that torch 2.11 (the GPU machine's) lacks: two names and
+    one keyword argument.
   * On a machine without CUDA (the benchmark's --smoke run): titanloop's CPU shim (titanloop.train.cpu_shim) and a
     CPU memory monitor that reports zeros, since torchtitan's asks the device module for CUDA memory statistics.
 
@@ -341,10 +342,19 @@ def install_torch_compat() -> list[str]:
       a placeholder class.
     * `torch.distributed.set_timeout`, which torchtitan's set_pg_timeouts calls after the first step to shorten
       the collectives' timeout: torch 2.11 has the same operation as `distributed_c10d._set_pg_timeout`.
+    * `create_block_mask(..., separate_full_blocks=True)`, which torchtitan's document mask (flex attention) passes
+      and torch 2.11's `create_block_mask` does not accept (the first H100 run of the benchmark failed on it).
+      torch 2.11 always separates the full blocks (its body calls `_convert_mask_to_block_mask` with
+      `separate_full_blocks=True`), so a wrapper that accepts `True` and drops it asks for the same mask; `False`
+      (torchtitan's batch-invariant mode) has no equivalent there and raises. Installed before torchtitan is
+      imported, since torchtitan binds the function by name at import.
     """
+    import inspect
+
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     import torch.distributed.fsdp as fsdp
+    import torch.nn.attention.flex_attention as flex
 
     added = []
     if not hasattr(fsdp, "DataParallelMeshDims"):
@@ -359,7 +369,26 @@ def install_torch_compat() -> list[str]:
     if not hasattr(dist, "set_timeout"):
         dist.set_timeout = c10d._set_pg_timeout
         added.append("torch.distributed.set_timeout")
+    if "separate_full_blocks" not in inspect.signature(flex.create_block_mask).parameters:
+        flex.create_block_mask = _accept_separate_full_blocks(flex.create_block_mask)
+        added.append("create_block_mask(separate_full_blocks=True)")
     return added
+
+
+def _accept_separate_full_blocks(create_block_mask):
+    """`create_block_mask` of a torch that always separates full blocks, taking the newer keyword (see above)."""
+    import functools
+
+    @functools.wraps(create_block_mask)
+    def wrapper(*args, separate_full_blocks: bool = True, **kwargs):
+        if not separate_full_blocks:
+            raise NotImplementedError(
+                "create_block_mask(separate_full_blocks=False) needs a newer torch than "
+                "this one, whose block masks always separate full blocks; turn off torchtitan's batch-invariant mode"
+            )
+        return create_block_mask(*args, **kwargs)
+
+    return wrapper
 
 
 def worker_main() -> None:

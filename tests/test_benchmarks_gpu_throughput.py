@@ -369,6 +369,36 @@ def test_import_stand_ins_only_for_missing_modules(monkeypatch):
         sys.modules.pop("no_such_pkg_xyz", None)
 
 
+def test_torch_compat_lets_torchtitan_pass_separate_full_blocks_to_an_older_torch(monkeypatch):
+    """The first H100 run's dense baseline failed: torchtitan 0.3.0 passes `separate_full_blocks=True` to
+    create_block_mask, which torch 2.11 does not accept (it always separates full blocks). Here the current
+    torch's function stands in for 2.11's, stripped of the keyword; the compat must wrap it, build the same mask
+    with True, and refuse False."""
+    import torch.nn.attention.flex_attention as flex  # noqa: PLC0415
+
+    real = flex.create_block_mask
+
+    def older_create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128):
+        return real(mask_mod, B, H, Q_LEN, KV_LEN, device=device, BLOCK_SIZE=BLOCK_SIZE)
+
+    monkeypatch.setattr(flex, "create_block_mask", older_create_block_mask)
+    added = td.install_torch_compat()
+    assert "create_block_mask(separate_full_blocks=True)" in added
+    doc = torch.tensor([0] * 100 + [1] * 156)
+
+    def mask_mod(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    got = flex.create_block_mask(mask_mod, 1, 1, 256, 256, device="cpu", BLOCK_SIZE=64, separate_full_blocks=True)
+    want = real(mask_mod, 1, 1, 256, 256, device="cpu", BLOCK_SIZE=64)
+    assert got.to_dense().equal(want.to_dense()) and got.full_kv_num_blocks.equal(want.full_kv_num_blocks)
+    with pytest.raises(NotImplementedError, match="separate_full_blocks=False"):
+        flex.create_block_mask(mask_mod, 1, 1, 256, 256, device="cpu", separate_full_blocks=False)
+    monkeypatch.setattr(flex, "create_block_mask", real)  # a torch that takes the keyword is left alone
+    assert "create_block_mask(separate_full_blocks=True)" not in td.install_torch_compat()
+    assert flex.create_block_mask is real
+
+
 def test_dense_spec_round_trips_through_the_environment(monkeypatch):
     ctx = gt.gpu_context()
     spec = gt.dense_spec(ctx, gt.Job("dense", gt.Setting(2, "none", n_loops=1), {"n_layers": 30}))
