@@ -22,8 +22,8 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
                     the free memory
   memory plan       each run's peak (torch.cuda.max_memory_allocated) vs its memory plan within MEMORY_PLAN_RTOL
                     (--plan-json: plans computed ahead on any machine with --write-plans; device-independent)
-  float8 loss       each float8 run's loss within FLOAT8_LOSS_RTOL of the bf16 run's; judged only when the bf16
-                    run learned (loss fell by MIN_LEARNED)
+  float8 loss       each float8 run's loss at most FLOAT8_LOSS_RTOL above the bf16 run's (one-sided: a lower
+                    loss is reported, not failed); judged only when the bf16 run learned (loss fell by MIN_LEARNED)
   float8 speed      float8 tokens/s / bf16 tokens/s: tensorwise must be >= 1.0; rowwise reported
   preemption        (--preemption or --full) a small run checkpointed asynchronously on CUDA (pinned-memory
                     staging), stopped by SIGTERM and resumed: its losses after the resume vs an uninterrupted run's
@@ -81,7 +81,7 @@ TRAIN_CONFIG = ROOT / "train_configs" / "debug.toml"
 SCRIPT = Path(__file__).resolve()
 
 MEMORY_PLAN_RTOL = 0.15  # the plan's stated accuracy (tests/test_train_memory_plan.py checks it on CPU)
-FLOAT8_LOSS_RTOL = 0.03  # float8 vs bf16 loss at the same step (a-priori allowance, see docs/scaling.md)
+FLOAT8_LOSS_RTOL = 0.03  # how much higher float8's loss may end than bf16's (a-priori allowance, docs/scaling.md)
 LOSS_WINDOW = 4  # logged steps averaged at the end of a run
 STEPS = 60
 LOG_FREQ = 5
@@ -332,8 +332,11 @@ def float8_checks(runs: list[RunResult]) -> list[Check]:
 
 
 def _float8_loss(label: str, r: RunResult, base: RunResult) -> Check:
+    # One-sided: the check exists to catch float8 hurting training. On the first H100 run (6326f59, 40 steps, one
+    # seed) both float8 recipes ended 5-10% *below* bf16, and the bf16 run's own logged loss moved by up to 13%
+    # between log steps on that plateau, so a two-sided 3% band failed on the spread of single trajectories.
     learned = 1 - base.loss_last / base.loss_first
-    rel = abs(r.loss_last - base.loss_last) / base.loss_last
+    rel = (r.loss_last - base.loss_last) / base.loss_last
     numbers = {"loss": r.loss_last, "bf16_loss": base.loss_last, "rel": rel, "rtol": FLOAT8_LOSS_RTOL}
     numbers["bf16_learned"] = learned
     if learned < MIN_LEARNED:
@@ -342,7 +345,9 @@ def _float8_loss(label: str, r: RunResult, base: RunResult) -> Check:
             f"{base.loss_last:.3f}, needs {100 * MIN_LEARNED:.0f}%)"
         )
         return Check(f"{label} loss", False, why, numbers)
-    detail = f"{r.loss_last:.4f} vs bf16 {base.loss_last:.4f} (rel {100 * rel:.2f}%, tol {100 * FLOAT8_LOSS_RTOL:.0f}%)"
+    detail = (
+        f"{r.loss_last:.4f} vs bf16 {base.loss_last:.4f} ({100 * rel:+.2f}%; at most +{100 * FLOAT8_LOSS_RTOL:.0f}%)"
+    )
     return Check(f"{label} loss", rel <= FLOAT8_LOSS_RTOL, detail, numbers)
 
 

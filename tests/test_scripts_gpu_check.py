@@ -234,6 +234,17 @@ def test_float8_rules():
     assert c["float8 tensorwise T=8 speed"].ok is False  # 0.9x: tensorwise must not be slower than bf16
     assert c["float8 rowwise T=8 loss"].ok is False and "boom" in c["float8 rowwise T=8 loss"].detail
     assert c["float8 tensorwise T=4 loss"].numbers["rel"] == pytest.approx(0.1 / 6.0)
+    # lower than bf16 is not the failure this check is for: the first H100 run's numbers (6326f59, 40 steps)
+    h100 = [_run(4, "bf16", 7745.0, 11.126, 4.3433), _run(4, "tensorwise", 5677.0, 11.104, 4.1091)]
+    h100 += [_run(4, "rowwise", 6276.0, 11.127, 3.8987)]
+    c8 = {x.name: x for x in gc.float8_checks(h100)}
+    assert c8["float8 tensorwise T=4 loss"].ok and c8["float8 rowwise T=4 loss"].ok
+    assert c8["float8 rowwise T=4 loss"].numbers["rel"] == pytest.approx(3.8987 / 4.3433 - 1)
+    assert "-10.24%" in c8["float8 rowwise T=4 loss"].detail
+    # and 3.1% higher fails, 2.9% higher passes
+    for last, ok in ((6.0 * 1.031, False), (6.0 * 1.029, True)):
+        c8 = {x.name: x for x in gc.float8_checks([runs[0], _run(4, "tensorwise", 1250.0, 10.8, last)])}
+        assert c8["float8 tensorwise T=4 loss"].ok is ok, last
     skipped = gc.RunResult(4, "rowwise", error="skipped: estimated 90 s, 10 s of --budget-s left", skipped=True)
     c = {x.name: x for x in gc.float8_checks(runs[:2] + [skipped])}
     assert c["float8 rowwise T=4 loss"].ok is None and "skipped" in c["float8 rowwise T=4 loss"].detail  # n/a
