@@ -134,8 +134,9 @@ def write(args, rows, stage_rows, notes) -> None:
             "gradients are already freed (zero_grad) and this step's are not reduced yet.",
             "Validated against real CPU runs at 1 and 2 ranks and dp 1 x tp 2 in tests/test_train_memory_plan.py "
             "(bf16 + fp32 reduce, per-loop AC, document masking; the band is in the test).",
-            "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); torch.compile "
-            "(planned eager); document masking (planned as causal attention, same memory with flash varlen).",
+            "Not included: the CUDA/NCCL context and allocator fragmentation (the 4 GB reserve); document masking "
+            "(planned as causal attention, same memory with flash varlen). torch.compile: compiled configs subtract "
+            "what compile saves where the plan models it (not with TP), as its notes say (docs/scaling.md).",
         ],
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

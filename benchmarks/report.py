@@ -106,7 +106,12 @@ _DEMO_ONLY = [":(exclude)train_configs/demo.toml", ":(exclude)titanloop/data/syn
 # The eval CLI's own module runs only under `python -m titanloop.eval`, which no benchmark calls (the trainer's
 # validation uses titanloop.eval's library modules, which stay measured).
 _EVAL_CLI = [":(exclude)titanloop/eval/__main__.py"]
-_TRAINER = ["titanloop/", "train_configs/", *_DEMO_ONLY, *_EVAL_CLI]  # benchmarks that launch the trainer
+# The memory plan's module runs only in the dry run's --memory-plan (titanloop.train.dry_run calls plan_memory; no
+# trainer code calls into it), so results that launch the trainer do not measure it; the three that plan or call
+# its measure_step measure _TRAINER_AND_PLAN.
+_PLAN = "titanloop/train/memory_plan.py"
+_TRAINER_AND_PLAN = ["titanloop/", "train_configs/", *_DEMO_ONLY, *_EVAL_CLI]
+_TRAINER = [*_TRAINER_AND_PLAN, f":(exclude){_PLAN}"]  # benchmarks that launch the trainer
 MEASURES: dict[str, list[str]] = {
     "activation_checkpointing": [
         "benchmarks/activation_checkpointing.py",
@@ -121,14 +126,20 @@ MEASURES: dict[str, list[str]] = {
     "compile_speed": ["benchmarks/compile_speed.py", "benchmarks/common.py", *_MODEL, "titanloop/parallel/compile.py"],
     "data_loader": ["benchmarks/data_loader.py", "titanloop/data/", *_MODEL, *_DEMO_ONLY],
     "data_locality": ["benchmarks/data_loader.py", "titanloop/data/", *_DEMO_ONLY],
-    "document_masking": ["benchmarks/document_masking.py", "titanloop/", "train_configs/", *_EVAL_CLI],
+    "document_masking": [
+        "benchmarks/document_masking.py",
+        "titanloop/",
+        "train_configs/",
+        *_EVAL_CLI,
+        f":(exclude){_PLAN}",
+    ],
     "engine_parity": ["benchmarks/engine_parity.py", *_TRAINER],
     "loop_efficiency": ["benchmarks/loop_efficiency.py", "benchmarks/common.py", *_MODEL, "titanloop/objectives/"],
     "loss_memory": ["benchmarks/loss_memory.py", "benchmarks/common.py", *_MODEL, "titanloop/objectives/"],
-    "memory_plan": ["benchmarks/memory_plan.py", "slurm/", *_TRAINER],
-    "network_per_step": ["benchmarks/network_per_step.py", "slurm/", *_TRAINER],
+    "memory_plan": ["benchmarks/memory_plan.py", "slurm/", *_TRAINER_AND_PLAN],
+    "network_per_step": ["benchmarks/network_per_step.py", "slurm/", *_TRAINER_AND_PLAN],
     "scaling_on_paper": ["benchmarks/scaling_on_paper.py", "benchmarks/common.py", "titanloop/model/config.py"],
-    "gpu_check": ["scripts/gpu_check.py", "scripts/gpu_check.sh", *_TRAINER],
+    "gpu_check": ["scripts/gpu_check.py", "scripts/gpu_check.sh", *_TRAINER_AND_PLAN],
     "gpu_eval": ["scripts/gpu_eval_check.py", *_TRAINER],
     # the benchmark, its torchtitan harness, gpu_check's training-run helpers it launches with, and the trainer
     "gpu_throughput": [

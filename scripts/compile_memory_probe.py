@@ -10,10 +10,8 @@ a small LoopLM at 4K tokens per sequence, eager and compiled, with and without p
 and records each step's resident-set peak (VmHWM, reset after two warm-up steps, glibc told to give freed memory
 back at once) beside the plan of the same config. It is a probe, not a benchmark: CPU kernels are not CUDA kernels,
 so it says which way and roughly how far compile moves the peak, which the GPU's memory runs (gpu_check) measure.
-
-It then sets the plan of gpu_check's two bf16 runs of the Ouro-1.4B shape (T = 4, 4K, per-loop AC and none), less
-compile's saving (titanloop.train.memory_plan.compile_saving_bytes: the decoder-layer calls live at the peak x
-tokens x what inductor's partition saves per token and layer call), beside their H100 peaks measured at c79621e.
+The plan beside both is the eager config's (the plan of a compiled config subtracts compile's saving since the
+first H100 session; scripts/plan_vs_gpu.py sets those plans against the H100's peaks).
 """
 
 from __future__ import annotations
@@ -47,9 +45,6 @@ SHAPE = {  # 2 layers x T = 4 at hidden 512, 4K tokens: activations, not code or
     "training.dtype": "bfloat16",
 }
 ACS = ("none", "loop")
-# gpu_check's bf16 training runs of the Ouro-1.4B shape (T = 4, 4K, 1 sequence, compiled) and their peaks on one
-# H100 at c79621e (torch.cuda.max_memory_allocated, issue 34): what the plan less compile's saving is set against
-H100_C79621E_GIB = {"loop": 28.04, "none": 46.55}
 
 
 def overrides(ac: str, compiled: bool) -> list[str]:
@@ -104,32 +99,7 @@ def plan_bytes(ac: str) -> int:
     from titanloop.train.config import load_config
     from titanloop.train.dry_run import dry_run
 
-    return int(dry_run(load_config(CONFIG, overrides(ac, True), world_size=1), 1, memory_plan=True).memory_plan.peak)
-
-
-def ouro_rows() -> list[dict]:
-    """The plan of gpu_check's 1.4B runs, compile's saving (memory_plan.compile_saving_bytes) and the H100 peak."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_check
-
-    from titanloop.train.config import load_config
-    from titanloop.train.memory_plan import compile_saving_bytes, layer_saved_bytes_per_token
-
-    rows, per_token = [], None
-    for ac, measured in H100_C79621E_GIB.items():
-        start = time.perf_counter()
-        args = gpu_check.train_args(Path("x"), "ouro-1.4b", {}, 4, 4096, 1, ac=ac)
-        cfg = load_config(CONFIG, args, world_size=1)
-        per_token = per_token or layer_saved_bytes_per_token(cfg.model.shape(4))
-        plan = gpu_check.planned_peak_gib(CONFIG, args, 1)
-        less = plan - compile_saving_bytes(cfg, per_token) / 2**30
-        rows.append({"ac": ac, "plan_gib": plan, "plan_less_compile_saving_gib": less, "h100_c79621e_gib": measured})
-        print(
-            f"ouro-1.4b AC {ac}: plan {plan:.2f} GiB, less compile's saving {less:.2f}, H100 at c79621e {measured} "
-            f"({measured / less - 1:+.1%}) ({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-    return [{"layer_saved_bytes_per_token": {"eager": per_token[0], "compiled": per_token[1]}}, *rows]
+    return int(dry_run(load_config(CONFIG, overrides(ac, False), world_size=1), 1, memory_plan=True).memory_plan.peak)
 
 
 def git_commit() -> str | None:
@@ -171,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"MB ({planned / peak - 1:+.0%}) ({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-    ouro = ouro_rows()
     import torch
 
     ratios = {
@@ -188,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         "shape": SHAPE,
         "rows": rows,
         "compiled_over_eager_peak": ratios,
-        "ouro_1.4b": ouro,
     }
     a.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"compiled / eager peak: {', '.join(f'AC {k} {v:.2f}' for k, v in ratios.items())}; wrote {a.out}")
