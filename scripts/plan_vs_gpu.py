@@ -114,11 +114,14 @@ def main(argv=None) -> int:
             flush=True,
         )
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    code = ["titanloop", "train_configs", "scripts", ":(glob)benchmarks/*.py"]  # what plans; not result jsons
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", *code], cwd=ROOT, capture_output=True
+    )
     measured_at = docs["check"].get("commit") or docs["check"]["result"].get("commit")
     doc = {
         "command": "python " + " ".join(["scripts/plan_vs_gpu.py", *(argv if argv is not None else sys.argv[1:])]),
-        "planned_at": head + (" (with uncommitted changes)" if dirty.stdout.strip() else ""),
+        "planned_at": head + (" (with uncommitted code changes)" if dirty.stdout.strip() else ""),
         "measured_at": measured_at,
         "measured_on": docs["check"].get("machine"),
         "date": datetime.date.today().isoformat(),
