@@ -90,8 +90,9 @@ _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
 KNOWN_STALE: dict[str, str] = {
-    "gpu_check": "measured on the H100 at 6326f59; the float8 loss rule became one-sided after it (a lower loss "
-    "passes) and the json keeps the old verdicts: re-judged on the next GPU session",
+    "gpu_check": "measured on the H100 at 6326f59; after it the float8 loss rule became one-sided and the plan "
+    "subtracts compile's saving (gpu_sessions/2026-11-27/plan_vs_gpu.json sets the new plans beside its peaks): its "
+    "verdicts are the old code's until the next GPU session",
     "gpu_throughput": "measured on the H100 at 6326f59, whose torchtitan dense run failed on torch 2.11; the "
     "harness fix after it (install_torch_compat) changes only that run, which waits for the next GPU session",
 }
