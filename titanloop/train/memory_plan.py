@@ -272,6 +272,8 @@ def _float8_layer(layer: torch.nn.Module, recipe: str) -> None:
     what the layer saves for backward)."""
     from torchao.float8 import convert_to_float8_training
 
+    # beside torchao's import: only a float8 run's plan needs either (titanloop.parallel.float8 names the trainer's
+    # filter and config)
     from titanloop.parallel.float8 import _converts, float8_config
 
     config = dataclasses.replace(float8_config(recipe, emulate=True), enable_fsdp_float8_all_gather=False)
