@@ -30,7 +30,9 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
                     (bitwise when two uninterrupted runs agree bitwise, else within 2x their difference)
   learning          (--learning or --full) the Ouro-1.4B shape for LEARN_STEPS steps: last-loop CE falls steadily
                     and ends >= 30% of the way from its start to the task's entropy floor, no grad-norm spike above
-                    10x the running median
+                    10x the running median; the verdict also gives p(t) and the CE per loop at the end, and the step
+                    at which the exit distribution collapsed onto one loop, if it did. --learning-args="..." runs a
+                    variant (more trainer overrides, e.g. "--objective.beta 0.5"), named in its verdict
 
 --budget-s skips the rows that no longer fit (estimated from shared/GPU.md's H100 timings) and stops a run still
 going at the budget; the json is rewritten after every row. Without CUDA it prints one line and exits 1 (`--smoke`
@@ -49,6 +51,7 @@ import json
 import os
 import re
 import signal
+import shlex
 import statistics
 import subprocess
 import sys
@@ -350,13 +353,38 @@ def learning_check(rows: list[dict], floor: float) -> Check:
         "steps": len(rows),
         # the whole curve: step, last-loop CE, gradient norm, the largest per-loop hidden RMS
         "curve": [[r["step"], r["ce"][-1], r.get("grad_norm"), max(r.get("hidden_rms") or [0])] for r in rows],
+        **exit_summary(rows),
     }
     detail = (
         f"last-loop CE {start:.3f} -> {end:.3f}, floor >= {floor:.3f}: {100 * progress:.0f}% of the way (needs "
         f"{100 * LEARN_PROGRESS:.0f}%); quarters {' > '.join(f'{x:.2f}' for x in quarters)}"
         f"{'' if steady else ' (not falling steadily)'}; {len(spikes)} grad-norm spikes > {SPIKE_FACTOR:g}x median"
     )
+    if numbers.get("exit_prob_end"):
+        p_end, ce_end = numbers["exit_prob_end"], numbers["ce_per_loop_end"]
+        detail += f"; at the end p(t) {' '.join(f'{x:.2f}' for x in p_end)}, CE per loop "
+        detail += " ".join(f"{x:.2f}" for x in ce_end)
+        if numbers["exit_collapsed_at"] is not None:
+            t, step = numbers["exit_collapsed_at"]
+            detail += f" (exit distribution collapsed onto loop {t} at step {step})"
     return Check("learning", ok, detail, numbers)
+
+
+def exit_summary(rows: list[dict], last: int = 10, collapsed: float = 0.99) -> dict:
+    """The exit distribution of a run with an exit gate (Stage I): p(t) and CE per loop averaged over the last
+    `last` logged steps, and the first (loop, step) at which one loop held more than `collapsed` of p. A loop that
+    takes all of p is the only one the Stage I loss trains, so the other loops' CE stops falling."""
+    with_p = [r for r in rows if r.get("exit_prob") and r.get("ce")]
+    if not with_p:
+        return {}
+    tail = with_p[-last:]
+    first = next(((max(range(len(r["exit_prob"])), key=r["exit_prob"].__getitem__) + 1, r["step"])
+                  for r in with_p if max(r["exit_prob"]) > collapsed), None)  # fmt: skip
+    return {
+        "exit_prob_end": [statistics.mean(r["exit_prob"][t] for r in tail) for t in range(len(tail[-1]["exit_prob"]))],
+        "ce_per_loop_end": [statistics.mean(r["ce"][t] for r in tail) for t in range(len(tail[-1]["ce"]))],
+        "exit_collapsed_at": first,
+    }
 
 
 def preemption_verdict(reference: list[dict], repeat: list[dict], resumed: list[dict], resumed_from: int) -> Check:
@@ -700,11 +728,13 @@ def _check_preemption(a: argparse.Namespace, workdir: Path) -> Check:
     return preemption_verdict(_metrics(dirs["ref"]), _metrics(dirs["rep"]), _metrics(dirs["cut"]), resumed_from)
 
 
-def learning_args(run_dir: Path, n_gpus: int) -> list[str]:
+def learning_args(run_dir: Path, n_gpus: int, extra: list[str] = ()) -> list[str]:
+    """The learning run's trainer overrides; `extra` (--learning-args) come last, so they win."""
     return [
         *train_args(run_dir, "ouro-1.4b", {}, 4, 4096, n_gpus, steps=LEARN_STEPS, micro_batch=2),
         *("--metrics.log_freq", "1", "--optimizer.lr", str(LEARN_LR), "--lr_scheduler.warmup_steps", str(LEARN_WARMUP)),
         *("--lr_scheduler.decay_ratio", "0.0"),
+        *extra,
     ]
 
 
@@ -719,12 +749,16 @@ def _check_learning(a: argparse.Namespace, workdir: Path) -> Check:
     if skip:
         return Check("learning", None, skip)
     run_dir, log = workdir / "learning", workdir / "learning.log"
-    cmd = torchrun_command(sys.executable, a.n_gpus, learning_args(run_dir, a.n_gpus))
+    cmd = torchrun_command(sys.executable, a.n_gpus, learning_args(run_dir, a.n_gpus, a.learning_extra))
     code = run_logged(cmd, log, a.budget.left())
     rows = _metrics(run_dir)
     if code != 0 or not rows:
         return Check("learning", False, _failed(code, log) if code != 0 else f"no metrics logged: {log_tail(log)}")
-    return learning_check(rows, learning_floor())
+    check = learning_check(rows, learning_floor())
+    if a.learning_extra:  # a variant of the run: its verdict says which
+        check.numbers["extra_args"] = list(a.learning_extra)
+        check.detail = f"with {' '.join(a.learning_extra)}: {check.detail}"
+    return check
 
 
 # ----- the result json ---------------------------------------------------------------------------------------
@@ -839,6 +873,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--full", action="store_true", help="T = 4 and 8, the preemption and the learning runs")
     parser.add_argument("--learning", action="store_true", help="add the 1.4B learning run (about 3 minutes)")
+    parser.add_argument(
+        "--learning-args",
+        default="",
+        help='more trainer overrides for the learning run, e.g. --learning-args="--objective.beta 0.5" (checked '
+        "against the config before anything runs; the verdict names them)",
+    )
     parser.add_argument("--skip-train", action="store_true", help="no training runs (single-GPU checks only)")
     parser.add_argument("--skip-single", action="store_true", help="no in-process single-GPU checks")
     memory_run = f"bf16, T = 4, AC {MEMORY_AC}, {MEMORY_STEPS} steps, compiled and eager"
@@ -894,6 +934,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.plan_json is not None and not a.plan_json.is_file():
         parser.error(f"--plan-json {a.plan_json}: no such file (write one with --write-plans FILE)")
     a.learning = a.learning or a.full
+    a.learning_extra = shlex.split(a.learning_args)
+    if a.learning_extra:
+        if not a.learning:
+            parser.error("--learning-args: add --learning (or --full), the run they are for")
+        # the trainer's own parser (imported only here: the other options need none of it), so that a typo fails
+        # now and not on the GPU after a minute of start-up
+        from titanloop.train.config import load_config
+
+        try:
+            load_config(TRAIN_CONFIG, learning_args(Path("runs/learning"), 1, a.learning_extra), world_size=1)
+        except (ValueError, SystemExit) as e:  # ConfigError is a ValueError
+            parser.error(f"--learning-args {a.learning_args!r}: {e}")
     a.preemption = (a.preemption or a.full) and not a.smoke
     return a
 

@@ -578,6 +578,23 @@ def test_learning_verdict():
     assert gc.learning_check(_rows(good, spiked), floor).ok
 
 
+def test_learning_verdict_names_an_exit_collapse():
+    """The H100 learning run at 340d238: the gate put all of p(t) on loop 1 by step 9 and the last loop's CE
+    stalled. The verdict's detail says so, with p(t) and the CE per loop at the end; a run whose p stays spread
+    reports no collapse."""
+    rows = _rows([10.0 - 6.0 * i / 99 for i in range(100)])
+    for i, r in enumerate(rows):
+        r["exit_prob"] = [0.5, 0.5] if i < 8 else [0.996, 0.004]
+    c = gc.learning_check(rows, 0.5)
+    assert c.numbers["exit_collapsed_at"] == (1, 9) and c.numbers["exit_prob_end"] == pytest.approx([0.996, 0.004])
+    assert c.numbers["ce_per_loop_end"][1] == pytest.approx(sum(r["ce"][1] for r in rows[-10:]) / 10)
+    assert "collapsed onto loop 1 at step 9" in c.detail and "p(t) 1.00 0.00" in c.detail
+    for r in rows:
+        r["exit_prob"] = [0.6, 0.4]
+    c = gc.learning_check(rows, 0.5)
+    assert c.numbers["exit_collapsed_at"] is None and "collapsed" not in c.detail and c.ok
+
+
 def test_learning_run_arguments_and_floor(tmp_path):
     from titanloop.train.config import load_config
 
@@ -588,6 +605,26 @@ def test_learning_run_arguments_and_floor(tmp_path):
     assert cfg.metrics.log_freq == 1 and cfg.data.motif_vocab == gc.MOTIF_VOCAB
     floor = gc.learning_floor(1024)
     assert 0.05 < floor < 0.3  # ~4% of the tokens are first occurrences, each >= ln 63 = 4.14 nats
+
+
+def test_learning_args_option_is_checked_before_anything_runs(tmp_path, capsys):
+    """--learning-args: a variant of the learning run (a cause of the H100 exit collapse to test); its overrides
+    come last and win, and a typo, a bad value or a missing --learning is a usage error (exit 2, one line)."""
+    from titanloop.train.config import load_config
+
+    a = gc.parse_args(["--learning", "--learning-args=--objective.beta 0.5 --lr_scheduler.warmup_steps 100"])
+    assert a.learning_extra == ["--objective.beta", "0.5", "--lr_scheduler.warmup_steps", "100"]
+    cfg = load_config(gc.TRAIN_CONFIG, gc.learning_args(tmp_path, 1, a.learning_extra), world_size=1)
+    assert (cfg.objective.beta, cfg.lr_scheduler.warmup_steps, cfg.optimizer.lr) == (0.5, 100, gc.LEARN_LR)
+    assert gc.parse_args(["--full"]).learning_extra == []
+    for bad, says in (
+        (["--learning", "--learning-args=--objective.bta 0.5"], "unknown key(s) ['bta']"),
+        (["--learning", "--learning-args=--objective.beta -1"], "objective.beta=-1.0 is invalid"),
+        (["--learning-args=--objective.beta 0.5"], "add --learning"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            gc.parse_args(bad)
+        assert e.value.code == 2 and says in capsys.readouterr().err.splitlines()[-1]
 
 
 def test_preemption_verdict():

@@ -132,3 +132,44 @@ def test_budget_skips_rows_and_stops_subprocesses(tmp_path, monkeypatch):
     assert [r[:2] for r in doc["tables"][0]["rows"]] == [["fits", "PASS"], ["late", "SKIP"]]
     r = run("--smoke", "--out", str(out), "--budget-s", "0")
     assert r.returncode == 2 and r.stderr == "error: --budget-s=0 is invalid: expected seconds > 0\n"
+
+
+def test_cache_rule_catches_a_position_bug_and_measures_bf16_rounding(monkeypatch):
+    """The cache == no-cache rule of the generate rows: on a random debug-tiny model, the real cache passes in
+    float32 with no tolerance beyond 4 units in the last place; a decode that is one position off (a RoPE offset
+    bug) fails it; in bfloat16 each divergence records its measured rounding error e against the float32 copy and
+    is judged against max(ulp bound, 4 e), never against e alone (the float32 rows do not use e)."""
+    from titanloop.eval import generate as gen_mod
+    from titanloop.model import LoopLM, preset
+
+    mod = _module()
+    torch.manual_seed(0)
+    model = LoopLM(preset("debug-tiny")).eval()
+    prompt = torch.randint(0, model.cfg.vocab_size, (4, 8), generator=torch.Generator().manual_seed(1))
+    pair = mod.both_precisions(model)
+    assert pair[torch.float32] is model and pair[torch.bfloat16].embed_tokens.weight.dtype == torch.bfloat16
+    assert torch.equal(pair[torch.bfloat16].lm_head.weight.float(), model.lm_head.weight.to(torch.bfloat16).float())
+    for t in (1, 4):
+        good = mod.cache_vs_recompute(model, prompt, 12, t)
+        assert good["ok"] and good["match_fraction"] == 1.0, good
+
+    real = gen_mod._run_loops
+
+    def off_by_one(model_, ids, n_loops, cfg, **kw):
+        if "position_offset" in kw:
+            kw["position_offset"] += 1
+        return real(model_, ids, n_loops, cfg, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(gen_mod, "_run_loops", off_by_one)
+        bad = [mod.cache_vs_recompute(model, prompt, 12, t) for t in (1, 4)]
+    assert not all(b["ok"] for b in bad), bad
+    assert all(d["rounding_err"] is None for b in bad for d in b["divergences"])  # float32: the ulp bound only
+
+    row = mod.row_cache(pair, {"cache_prompt": 8, "cache_new": 12}, torch.device("cpu"), [1, 8])
+    assert row["status"] == "PASS" and [r["dtype"] for r in row["results"]] == ["float32"] * 2 + ["bfloat16"] * 2
+    divs = [d for r in row["results"] if r["dtype"] == "bfloat16" for d in r["divergences"]]
+    assert divs  # bfloat16 flips near-ties of this random model (2 on CPU), each judged with its measured e
+    for d in divs:
+        assert d["rounding_err"] > 0 and d["tie_tol"] == max(d["ulp_tol"], 4 * d["rounding_err"])
+    assert "4 * e" in row["rule"]
