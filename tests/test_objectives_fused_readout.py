@@ -222,3 +222,77 @@ def test_readout_check_runs_on_cpu(dtype, tol):
     assert set(res["max_rel_err"]) == {"loss", "readouts", "lm_head", "gate"}
     assert all(err <= tol for err in res["max_rel_err"].values()), res["max_rel_err"]
     assert set(res["seconds"]) == {"fused", "recompute"} and res["peak_bytes"] == {"fused": None, "recompute": None}
+
+
+def _fake_cuda_readout(n_loops=2, tokens=24, hidden=16, vocab=V):
+    """The fused readout's forward (where it forms the head's gradient) on fake CUDA bf16 tensors, no GPU needed:
+    the matrix products it runs. (A backward would need a CUDA context, which fake tensors do not give.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        readouts = [torch.randn(1, tokens, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_loops)]
+        for r in readouts:
+            r.requires_grad_(True)
+        weight = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        targets = torch.randint(0, vocab, (1, tokens), device="cuda")
+        w = torch.full((n_loops, 1, tokens), 1.0 / tokens, device="cuda")
+        with MatmulOps() as ops:
+            total, ce = fused_per_loop_cross_entropy(readouts, weight, targets, w, chunk_size=8)
+        return ops.seen, total.dtype, ce.dtype
+
+
+class MatmulOps(TorchDispatchMode):
+    """(op name, input dtypes[, "in place"]) of every matrix product."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (aten.mm, aten.addmm, aten.addmm_):
+            dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
+            in_place = (kwargs or {}).get("out") is args[0] or func.overloadpacket is aten.addmm_
+            self.seen.append((str(func), dtypes + (("in place",) if in_place else ())))
+        return func(*args, **(kwargs or {}))
+
+
+def test_lm_head_grad_is_one_bf16_gemm_with_fp32_accumulation_on_cuda(monkeypatch):
+    """On CUDA with a bf16 head, the head's gradient is accumulated by addmm's out_dtype overload from bf16
+    operands into the fp32 buffer (the fp32 SIMT GEMM of issue 35's H100 profile is gone); where torch lacks
+    that overload the fp32 product is used, with one warning, and the result is the same shape and dtype."""
+    from titanloop.objectives import chunked_ce
+
+    monkeypatch.setattr(chunked_ce, "_BF16_HEAD_GRAD", [True], raising=False)
+    seen, total_dtype, ce_dtype = _fake_cuda_readout()
+    head = [s for s in seen if s[0].startswith("aten.addmm")]
+    # (self, mat1, mat2, out): fp32 accumulator, bf16 operands, written in place; one per chunk (24 x 2 / 8)
+    expect = ("aten.addmm.dtype_out", ("torch.float32", "torch.bfloat16", "torch.bfloat16", "in place"))
+    assert len(head) == 6 and all(s == expect for s in head), seen
+    assert total_dtype == ce_dtype == torch.float32
+
+    def missing(*a, **k):
+        if "out_dtype" in k:
+            raise TypeError("addmm() got an unexpected keyword argument 'out_dtype'")
+        return real(*a, **k)
+
+    real = torch.addmm
+    monkeypatch.setattr(torch, "addmm", missing)
+    with pytest.warns(UserWarning, match="bf16 LM-head gradient GEMM unavailable"):
+        seen, _, _ = _fake_cuda_readout()
+    head = [s for s in seen if s[0].startswith("aten.addmm")]
+    assert chunked_ce._BF16_HEAD_GRAD == [False]
+    fp32 = ("aten.addmm_.default", ("torch.float32",) * 3 + ("in place",))
+    assert len(head) == 6 and all(s == fp32 for s in head), seen
+
+
+def test_cpu_lm_head_grad_keeps_the_fp32_product():
+    """Off CUDA nothing changes: the head gradient is the fp32 addmm_ (CPU results stay comparable)."""
+    torch.manual_seed(0)
+    readouts = [torch.randn(1, 24, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
+    weight = torch.randn(V, 16, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, V, (1, 24))
+    with MatmulOps() as ops:
+        total, _ = fused_per_loop_cross_entropy(readouts, weight, targets, torch.full((2, 1, 24), 1 / 24), 8)
+        total.backward()
+    head = [s for s in ops.seen if s[0].startswith("aten.addmm")]
+    assert head and all(s == ("aten.addmm_.default", ("torch.float32",) * 3 + ("in place",)) for s in head), ops.seen
