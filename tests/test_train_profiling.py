@@ -114,3 +114,5 @@ def test_profiler_window_writes_one_trace_per_rank(tmp_path):
         names = {e.get("name", "") for e in trace["traceEvents"]}
         assert any("aten::mm" in n or "aten::addmm" in n for n in names), sorted(names)[:20]
         assert any("allreduce" in n.lower() or "all_reduce" in n.lower() for n in names)  # the loss all-reduce
+        # one span per traced step, named as torch's scheduled profiler names them (trace readers cut on them)
+        assert {n for n in names if n.startswith("ProfilerStep#")} == {"ProfilerStep#2", "ProfilerStep#3"}

@@ -104,6 +104,7 @@ class Profiling(Callback):
         self.memory = (cuda_memory or CudaMemory()) if self.cuda and p.memory_snapshot else None
         self.max_entries = p.memory_snapshot_entries
         self.profiler = None
+        self.span = None  # the open "ProfilerStep#N" span of the step being traced
         if p.memory_snapshot and not self.cuda and self.rank == 0:
             print(
                 "[titanloop] profiling.memory_snapshot: CUDA only, skipped on this "
@@ -117,21 +118,38 @@ class Profiling(Callback):
             self.memory.on_oom(self._out_of_memory)
 
     def pre_step(self, run) -> None:
-        if run.state.step != self.first:
-            return
+        if run.state.step == self.first:
+            self._start()
+        self._open_span(run)
+
+    def _start(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities, record_shapes=True)
         self.profiler.__enter__()
 
+    def _open_span(self, run) -> None:
+        """One "ProfilerStep#N" span per traced step, as torch's scheduled profiler names them, so a trace reader
+        can cut the trace into steps (without a schedule, torch.profiler records no such span)."""
+        if self.profiler is not None:
+            self.span = torch.profiler.record_function(f"ProfilerStep#{run.state.step}")
+            self.span.__enter__()
+
     def post_step(self, run, result: StepResult) -> None:
+        self._close_span()
         if result.step == self.last or (self.profiler is not None and run.state.exit_code is not None):
             self._finish(result.step)
+
+    def _close_span(self) -> None:
+        if self.span is not None:
+            self.span.__exit__(None, None, None)
+            self.span = None
 
     def _finish(self, step: int) -> None:
         if self.profiler is None:
             return
+        self._close_span()
         out = self.root / f"step_{self.first}"
         out.mkdir(parents=True, exist_ok=True)
         self.profiler.__exit__(None, None, None)
