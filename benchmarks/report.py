@@ -90,15 +90,17 @@ _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
 KNOWN_STALE: dict[str, str] = {
-    "gpu_check": "measured on the H100 at 6326f59; after it the float8 loss rule became one-sided and the plan "
-    "subtracts compile's saving (gpu_sessions/2026-11-27/plan_vs_gpu.json sets the new plans beside its peaks): its "
-    "verdicts are the old code's until the next GPU session",
+    "gpu_check": "measured on the H100 at 6326f59; after it the float8 loss rule became one-sided, the plan "
+    "subtracts compile's saving (gpu_sessions/2026-11-27/plan_vs_gpu.json sets the new plans beside its peaks), and "
+    "the LM head's gradient became a bf16 GEMM on CUDA (9da3032): its verdicts are the old code's until the next GPU "
+    "session",
     "gpu_eval": "measured on the H100 at 340d238; after it the 1.4B cache row gained its float32 copy and the "
     "measured bfloat16 rounding bound, and the sync count a warm-up call: its two FAIL rows are the old rules' until "
-    "the next GPU session (issue 36's note)",
-    "gpu_throughput": "measured on the H100 at 6326f59, whose torchtitan dense run failed on torch 2.11; the "
-    "harness fix after it (install_torch_compat) changes only that run, which waits for the next GPU session; "
-    "gpu_check.py's later changes are to verdicts it does not use",
+    "the next GPU session (issue 36's note); the training change after it (9da3032, the LM head's gradient) moves the "
+    "small model the validation rows train, not what they compare",
+    "gpu_throughput": "measured on the H100 at 6326f59, before the LM head's gradient became a bf16 GEMM on CUDA "
+    "(9da3032, the profile's largest item) and before the torchtitan compat fix for its failed dense run: both wait "
+    "for the next GPU session; gpu_check.py's later changes are to verdicts it does not use",
 }
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.
