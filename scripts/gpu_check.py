@@ -944,7 +944,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         try:
             load_config(TRAIN_CONFIG, learning_args(Path("runs/learning"), 1, a.learning_extra), world_size=1)
-        except (ValueError, SystemExit) as e:  # ConfigError is a ValueError
+        except ValueError as e:  # the trainer's ConfigError, one line saying what is wrong
             parser.error(f"--learning-args {a.learning_args!r}: {e}")
     a.preemption = (a.preemption or a.full) and not a.smoke
     return a

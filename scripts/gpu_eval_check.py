@@ -512,9 +512,11 @@ CACHE_RULE = (
 def both_precisions(model: LoopLM) -> dict:
     """{float32: model, bfloat16: model}: the given model and a copy in the other precision (same weights)."""
     dtype = model.embed_tokens.weight.dtype
-    other = copy.deepcopy(model).to(torch.bfloat16 if dtype == torch.float32 else torch.float32)
-    pair = {model.embed_tokens.weight.dtype: model, other.embed_tokens.weight.dtype: other}
-    return {torch.float32: pair[torch.float32], torch.bfloat16: pair[torch.bfloat16]}
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"model dtype {dtype} is invalid here: expected torch.float32 or torch.bfloat16")
+    if dtype == torch.float32:
+        return {torch.float32: model, torch.bfloat16: copy.deepcopy(model).to(torch.bfloat16)}
+    return {torch.float32: copy.deepcopy(model).to(torch.float32), torch.bfloat16: model}
 
 
 def ouro_hf_model(args, hf_dir: Path, work: Path):
