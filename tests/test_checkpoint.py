@@ -248,3 +248,40 @@ def test_crc_share_splits_the_bytes_over_ranks():
         assert set().union(*shares) == set(manifest["files"]) and sum(map(len, shares)) == len(sizes)
         loads = [sum(manifest["files"][f]["bytes"] for f in share) for share in shares]
         assert max(loads) <= sum(sizes) / world + max(sizes), (world, loads)
+
+
+def _stage_dtensor_worker(rank: int, init_file: str, out_file: str):
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from titanloop.checkpoint.checkpointer import stager_copies_classes
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    try:
+        x = distribute_tensor(torch.arange(16.0).view(4, 4), init_device_mesh("cpu", (1,)), [Shard(0)])
+        results = []
+        for fix in (False, True):
+            stager = DefaultStager(StagingOptions(False, False, False, False))
+            del stager._state_dict_stager._deepcopy_dispatch[type]  # torch 2.11's stager, which has no such entry
+            if fix:
+                stager_copies_classes(stager)
+            try:
+                staged = stager.stage({"w": x})["w"]
+                results.append(bool(torch.equal(staged.full_tensor(), x.full_tensor())))
+            except KeyError as e:
+                results.append(f"KeyError {e}")
+        Path(out_file).write_text(repr(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_async_staging_copies_a_dtensor_on_a_stager_without_a_type_copier(tmp_path):
+    """torch 2.11's DCP stager raised KeyError: <class 'type'> on every FSDP2 async save (the H100 preemption
+    run); `stager_copies_classes` adds the copier 2.14 has. Without it the same staging fails here too."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "out.txt"
+    mp.spawn(_stage_dtensor_worker, args=(str(tmp_path / "init"), str(out)), nprocs=1)
+    assert out.read_text() == "[\"KeyError <class 'type'>\", True]"

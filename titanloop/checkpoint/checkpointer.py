@@ -49,6 +49,24 @@ from titanloop.checkpoint.state import (
 log = logging.getLogger("titanloop.checkpoint")
 
 
+def _copy_atomic(x, memo, non_blocking=False):  # the stager calls atomic copiers with (x, memo)
+    return x
+
+
+def stager_copies_classes(stager: DefaultStager) -> DefaultStager:
+    """Let DCP's stager copy class objects as they are, as torch 2.14's does.
+
+    A DTensor's copy goes through its __reduce_ex__, whose arguments hold classes (its placements' types).
+    torch 2.11's StateDictStager has no copier for `type` and raises KeyError: <class 'type'>, so every async
+    save of an FSDP2 model failed there (the first H100 preemption run, 2026-11-27); 2.14 maps `type` to an
+    atomic copy, and this adds the same entry where it is missing.
+    """
+    dispatch = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
+    if isinstance(dispatch, dict):
+        dispatch.setdefault(type, _copy_atomic)
+    return stager
+
+
 @dataclass
 class _PendingSave:
     step: int
@@ -88,12 +106,14 @@ class Checkpointer:
         self._save_group = dist.new_group(backend="gloo") if (self.async_mode and self.distributed) else None
         # One stager for the whole run: it keeps the CPU copy buffers (pinned on CUDA) between saves, so an
         # async save stalls the loop only for a memcpy into memory that is already mapped.
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(),
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=False,
+        self._stager = stager_copies_classes(
+            DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
             )
         )
         self._pending: _PendingSave | None = None
