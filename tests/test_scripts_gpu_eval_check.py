@@ -173,3 +173,21 @@ def test_cache_rule_catches_a_position_bug_and_measures_bf16_rounding(monkeypatc
     for d in divs:
         assert d["rounding_err"] > 0 and d["tie_tol"] == max(d["ulp_tol"], 4 * d["rounding_err"])
     assert "4 * e" in row["rule"]
+
+
+def test_sync_count_leaves_out_torchs_debug_mode_notice():
+    """The H100 run at fdb31ea counted 2 syncs in the head statistics where its recorded sites show one sync and
+    torch's notice that the sync debug mode is a prototype: only the per-sync warning counts."""
+    import warnings
+
+    mod = _module()
+
+    def w(msg: str) -> warnings.WarningMessage:
+        return warnings.WarningMessage(UserWarning(msg), UserWarning, "x.py", 1)
+
+    caught = [
+        w("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"),
+        w("called a synchronizing CUDA operation (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:176.)"),
+        w("some other warning"),
+    ]
+    assert [str(x.message)[:8] for x in mod.sync_warnings(caught)] == ["called a"]
