@@ -93,11 +93,11 @@ KNOWN_STALE: dict[str, str] = {
     "gpu_check": "measured on the H100 at 6326f59; after it the float8 loss rule became one-sided, the plan "
     "subtracts compile's saving (gpu_sessions/2026-11-27/plan_vs_gpu.json sets the new plans beside its peaks), and "
     "the LM head's gradient became a bf16 GEMM on CUDA (9da3032): its verdicts are the old code's until the next GPU "
-    "session",
-    "gpu_eval": "measured on the H100 at 340d238; after it the 1.4B cache row gained its float32 copy and the "
-    "measured bfloat16 rounding bound, and the sync count a warm-up call: its two FAIL rows are the old rules' until "
-    "the next GPU session (issue 36's note); the training change after it (9da3032, the LM head's gradient) moves the "
-    "small model the validation rows train, not what they compare",
+    "session (gpu_sessions/2026-11-27-session3 ran only its kernel-choice, preemption and learning rows at fdb31ea)",
+    "gpu_eval": "measured on the H100 at fdb31ea (8 PASS, 1 FAIL, 1 SKIP); after it the sync count stopped counting "
+    "torch's debug-mode notice as a sync (the FAIL row's recorded sites are one sync and that notice), and the async "
+    "checkpoint stager gained torch 2.11's missing class copier (3fc5b36), which no eval row saves through: the "
+    "head-statistics verdict is the old counter's until the next GPU session",
     "gpu_throughput": "measured on the H100 at 6326f59, before the LM head's gradient became a bf16 GEMM on CUDA "
     "(9da3032, the profile's largest item) and before the torchtitan compat fix for its failed dense run: both wait "
     "for the next GPU session; gpu_check.py's later changes are to verdicts it does not use",
