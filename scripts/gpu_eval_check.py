@@ -3,6 +3,7 @@
 
     python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval.json   # a CUDA machine, sized for <= 8 min
     python scripts/gpu_eval_check.py --smoke --out /tmp/smoke.json   # tiny sizes on the CPU (2-3 min on 2 cores)
+    python scripts/gpu_eval_check.py --rows head_stats_syncs --out /tmp/rows.json   # some rows only (--help)
 
 Rows (each PASS, FAIL or SKIP with its numbers; the script exits 1 if any row FAILs), described here by topic; they
 run with issue 36's "done when" first (bf16 validation, the small cache row, loading, the 1.4B sweep, the 1.4B cache
@@ -139,6 +140,23 @@ SIZES = {
 }
 
 
+# every row, in the order a run takes them (issue 36's "done when" first; see the module docstring)
+ROWS = (
+    "validation_equals_cli_bf16",
+    "generate_cache_equals_no_cache_small",
+    "load_straight_to_device",
+    "sweep_frontier_1p4b",
+    "generate_cache_equals_no_cache_big",
+    "generate_speed_1p4b",
+    "cli_generate_auto",
+    "head_stats_syncs",
+    "hf_ouro_generate",
+    "validation_equals_cli_fp32",
+)
+# rows that use the small model the bfloat16 validation row trains (--rows adds that row for them)
+NEEDS_SMALL_CHECKPOINT = ("generate_cache_equals_no_cache_small", "cli_generate_auto", "hf_ouro_generate")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="python scripts/gpu_eval_check.py",
@@ -172,7 +190,26 @@ def parse_args(argv):
         "and subprocesses are stopped at the budget (default: no budget)",
     )
     p.add_argument("--commit", default=None, help="the commit to record (default: git; for a copy without .git)")
+    p.add_argument(
+        "--rows",
+        default=None,
+        help="comma-separated rows to run, e.g. --rows head_stats_syncs (default: all, in the order above). A row "
+        "that uses the small trained model brings validation_equals_cli_bf16, which trains it, and the rows on "
+        "the 1.4B shape build it themselves; a subset's json belongs beside its session, not in "
+        "benchmarks/results/",
+    )
     args = p.parse_args(argv)
+    if args.rows is None:
+        args.rows = list(ROWS)
+    else:
+        asked = [r.strip() for r in args.rows.split(",") if r.strip()]
+        unknown = [r for r in asked if r not in ROWS]
+        if unknown or not asked:
+            p.exit(2, f"error: --rows={args.rows!r}: unknown row(s) {unknown}; expected some of {','.join(ROWS)}\n")
+        if set(asked) & set(NEEDS_SMALL_CHECKPOINT) and ROWS[0] not in asked:
+            print(f"[gpu_eval_check] --rows: adding {ROWS[0]}, which trains the small model {asked} use", flush=True)
+            asked.append(ROWS[0])
+        args.rows = [r for r in ROWS if r in asked]
     if args.budget_s is not None and args.budget_s <= 0:
         p.exit(2, f"error: --budget-s={args.budget_s:g} is invalid: expected seconds > 0\n")
     device = args.device or ("cpu" if args.smoke else "cuda")
@@ -243,7 +280,10 @@ def report_document(data: dict) -> dict:
     """The run in benchmarks/report.py's schema (what BENCHMARKS.md renders), with the raw data under "result"."""
     rows, counts = data["rows"], data["summary"]
     judged = counts["PASS"] + counts["FAIL"]
-    summary = [{"row": "gpu_eval_check: rows passed", "measured": f"{counts['PASS']}/{judged}", "target": "all"}]
+    skipped = f" ({counts['SKIP']} skipped)" if counts["SKIP"] else ""
+    summary = [
+        {"row": "gpu_eval_check: rows passed", "measured": f"{counts['PASS']}/{judged}{skipped}", "target": "all"}
+    ]
     summary[0]["met"] = judged > 0 and counts["FAIL"] == 0
     by = {r["name"]: r for r in rows}
     sweep = by.get("sweep_frontier_1p4b", {})
@@ -555,6 +595,8 @@ def ouro_hf_model(args, hf_dir: Path, work: Path):
 
 
 def row_hf_ouro(args, sizes, work: Path, state: dict) -> dict:
+    if "small_fp32" not in state:  # --rows without the small cache row, which loads it
+        state["small_fp32"] = load_model(state["small_ckpt_bfloat16"], device=args.device, dtype=torch.float32)
     small = state["small_fp32"]
     hf_dir = export_ouro_hf(small, work / "hf_small")
     hf, how = ouro_hf_model(args, hf_dir, work)
@@ -641,14 +683,22 @@ def _checksum(model) -> float:
     return sum(float(p.detach().double().sum()) for p in {id(p): p for p in model.parameters()}.values())
 
 
+def big_model(args, sizes, state: dict) -> LoopLM:
+    """The 1.4B-shaped model (random init, seed 0) on the device in the run dtype, built once for every row that
+    uses it: by load_straight_to_device in a full run, by the first such row under --rows."""
+    if "big" not in state:
+        dtype = torch.bfloat16 if args.device.type == "cuda" else torch.float32
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = LoopLM(_model_cfg(sizes["big"]))  # random init on the device (a speed-row model)
+        state["big"] = model.to(dtype).eval()
+    return state["big"]
+
+
 def row_load(args, sizes, work: Path, state: dict) -> dict:
     section, device = sizes["big"], args.device
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LoopLM(_model_cfg(section))  # random init on the device (a speed-row model)
-    model.to(dtype).eval()
-    state["big"] = model
+    model = big_model(args, sizes, state)
+    dtype = next(model.parameters()).dtype
     nbytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
     t0 = time.perf_counter()
     hf = export_ouro_hf(model, work / "hf_big")
@@ -744,7 +794,7 @@ def _timed(device, fn, repeat: int = 3):
 
 @torch.no_grad()
 def row_head_stats(args, sizes, state: dict) -> dict:
-    model, device = state["big"], args.device
+    model, device = big_model(args, sizes, state), args.device
     g = torch.Generator().manual_seed(0)
     n, loops, h, v = sizes["head_tokens"], sizes["sweep_loops"], model.cfg.hidden_size, model.cfg.vocab_size
     readouts = torch.randn(loops, n, h, generator=g).to(device, model.lm_head.weight.dtype)
@@ -785,7 +835,7 @@ def row_head_stats(args, sizes, state: dict) -> dict:
 
 @torch.no_grad()
 def row_sweep(args, sizes, state: dict) -> dict:
-    model, device = state["big"], args.device
+    model, device = big_model(args, sizes, state), args.device
     rows, seq = sizes["sweep_rows"], sizes["sweep_seq"]
     target = args.tokens or sizes["sweep_tokens"]
     n_batches = math.ceil(target / (rows * seq))
@@ -835,7 +885,7 @@ def row_sweep(args, sizes, state: dict) -> dict:
 
 @torch.no_grad()
 def row_generate_speed(args, sizes, state: dict) -> dict:
-    model, device = state["big"], args.device
+    model, device = big_model(args, sizes, state), args.device
     g = torch.Generator().manual_seed(2)
     results, ok = [], True
     for b in (1, 16):
@@ -886,27 +936,29 @@ def main(argv=None) -> int:
     try:
         # issue 36's "done when" first (bf16 validation == CLI, the 1.4B sweep, cache == no cache), so that a run
         # cut short by --budget-s keeps them; the float32 validation row (the CPU test's case) last
-        report.row("validation_equals_cli_bf16", lambda: row_validation(args, sizes, work, "bfloat16", state))
+        def row(name: str, fn) -> None:
+            if name in args.rows:
+                report.row(name, fn)
+
+        row("validation_equals_cli_bf16", lambda: row_validation(args, sizes, work, "bfloat16", state))
 
         def small_models():
             ckpt = state["small_ckpt_bfloat16"]
             state["small_fp32"] = load_model(ckpt, device=args.device, dtype=torch.float32)
             return {torch.float32: state["small_fp32"], torch.bfloat16: load_model(ckpt, args.device, torch.bfloat16)}
 
-        report.row(
-            "generate_cache_equals_no_cache_small", lambda: row_cache(small_models(), sizes, args.device, [1, 4, 8])
-        )
-        report.row("load_straight_to_device", lambda: row_load(args, sizes, work, state))
-        report.row("sweep_frontier_1p4b", lambda: row_sweep(args, sizes, state))
-        report.row(  # the 1.4B shape in float32 (where a cache bug shows) and bfloat16 (the run dtype)
+        row("generate_cache_equals_no_cache_small", lambda: row_cache(small_models(), sizes, args.device, [1, 4, 8]))
+        row("load_straight_to_device", lambda: row_load(args, sizes, work, state))
+        row("sweep_frontier_1p4b", lambda: row_sweep(args, sizes, state))
+        row(  # the 1.4B shape in float32 (where a cache bug shows) and bfloat16 (the run dtype)
             "generate_cache_equals_no_cache_big",
-            lambda: row_cache(both_precisions(state["big"]), sizes, args.device, [1, 4, 8]),
+            lambda: row_cache(both_precisions(big_model(args, sizes, state)), sizes, args.device, [1, 4, 8]),
         )
-        report.row("generate_speed_1p4b", lambda: row_generate_speed(args, sizes, state))
-        report.row("cli_generate_auto", lambda: row_cli_generate(args, state))
-        report.row("head_stats_syncs", lambda: row_head_stats(args, sizes, state))
-        report.row("hf_ouro_generate", lambda: row_hf_ouro(args, sizes, work, state))
-        report.row("validation_equals_cli_fp32", lambda: row_validation(args, sizes, work, "float32", state))
+        row("generate_speed_1p4b", lambda: row_generate_speed(args, sizes, state))
+        row("cli_generate_auto", lambda: row_cli_generate(args, state))
+        row("head_stats_syncs", lambda: row_head_stats(args, sizes, state))
+        row("hf_ouro_generate", lambda: row_hf_ouro(args, sizes, work, state))
+        row("validation_equals_cli_fp32", lambda: row_validation(args, sizes, work, "float32", state))
     finally:
         report.write()
         if not args.workdir:

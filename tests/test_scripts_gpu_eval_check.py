@@ -191,3 +191,29 @@ def test_sync_count_leaves_out_torchs_debug_mode_notice():
         w("some other warning"),
     ]
     assert [str(x.message)[:8] for x in mod.sync_warnings(caught)] == ["called a"]
+
+
+def test_rows_runs_a_subset_with_what_it_needs(tmp_path):
+    """--rows: only the named rows run (the 1.4B-shaped model built by the first row that uses it), a row on the
+    small trained model brings the row that trains it, and an unknown name is one line and exit 2."""
+    mod = _module()
+    out = tmp_path / "rows.json"
+    args = mod.parse_args(["--smoke", "--out", str(out), "--rows", "cli_generate_auto, head_stats_syncs"])
+    assert args.rows == ["validation_equals_cli_bf16", "cli_generate_auto", "head_stats_syncs"]
+    r = run("--smoke", "--out", str(out), "--rows", "head_stats_syncs", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [row["name"] for row in doc["result"]["rows"]] == ["head_stats_syncs"]
+    assert doc["result"]["rows"][0]["status"] == "PASS" and doc["summary"][0]["measured"] == "1/1"
+    r = run("--smoke", "--out", str(out), "--rows", "head_stats,sweep_frontier_1p4b")
+    assert r.returncode == 2 and r.stderr.startswith("error: --rows='head_stats,sweep_frontier_1p4b': unknown row")
+    assert len(r.stderr.splitlines()) == 1
+
+
+def test_summary_says_how_many_rows_were_skipped():
+    mod = _module()
+    rows = [{"name": "a", "status": "PASS", "seconds": 1}, {"name": "b", "status": "SKIP", "seconds": 0}]
+    data = {"rows": rows, "summary": {"PASS": 1, "FAIL": 0, "SKIP": 1}, "command": "x", "seconds": 1.0}
+    data.update(device="cpu", torch=torch.__version__, smoke=True, git_commit="abc123")
+    doc = mod.report_document(data)
+    assert doc["summary"][0]["measured"] == "1/1 (1 skipped)" and doc["summary"][0]["met"] is True
