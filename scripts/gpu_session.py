@@ -199,7 +199,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--eval-args",
         default="",
-        help='more options for scripts/gpu_eval_check.py, e.g. --eval-args="--tokens 1048576"',
+        help='more options for scripts/gpu_eval_check.py, e.g. --eval-args="--rows head_stats_syncs" (some rows only)',
     )
     p.add_argument("--plan-json", type=Path, default=ROOT / "plans.json", help="the plans (default %(default)s)")
     p.add_argument(
