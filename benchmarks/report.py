@@ -97,7 +97,8 @@ KNOWN_STALE: dict[str, str] = {
     "gpu_eval": "measured on the H100 at fdb31ea (8 PASS, 1 FAIL, 1 SKIP); after it the sync count stopped counting "
     "torch's debug-mode notice as a sync (the FAIL row's recorded sites are one sync and that notice), and the async "
     "checkpoint stager gained torch 2.11's missing class copier (3fc5b36), which the eval rows' training runs do not "
-    "use (they save with checkpoint.mode = sync): the head-statistics verdict is the old counter's until the next GPU session",
+    "use (they save with checkpoint.mode = sync); --rows (fa6d17f) chooses which rows run, not what they do: the "
+    "head-statistics verdict is the old counter's until the next GPU session",
     "gpu_throughput": "measured on the H100 at 6326f59, before the LM head's gradient became a bf16 GEMM on CUDA "
     "(9da3032, the profile's largest item) and before the torchtitan compat fix for its failed dense run: both wait "
     "for the next GPU session; gpu_check.py's later changes are to verdicts it does not use",
