@@ -28,15 +28,21 @@ def final_state(run_dir: Path, step: int) -> tuple[dict, dict]:
     return read_dcp_entries(ckpt), layout.read_manifest(ckpt)["states"]
 
 
-def assert_bitwise_same_run(got_dir: Path, ref_dir: Path, steps: int) -> None:
-    """Two runs of `steps` steps: the final checkpoints' tensors bit for bit (model and optimizer among them) and
-    JSON states, and every logged step's record (each of a step logged again after a fallback), timings aside."""
-    (got, got_states), (ref, ref_states) = final_state(got_dir, steps), final_state(ref_dir, steps)
+def assert_same_checkpoint(got_dir: Path, ref_dir: Path, step: int) -> None:
+    """The two runs' checkpoints of `step`: every tensor bit for bit (model and optimizer among them) and the JSON
+    states."""
+    (got, got_states), (ref, ref_states) = final_state(got_dir, step), final_state(ref_dir, step)
     assert got.keys() == ref.keys()
     assert any(k.startswith("model/") for k in ref) and any(k.startswith("optimizer/") for k in ref)
     different = [k for k in ref if got[k].numpy().tobytes() != ref[k].numpy().tobytes()]  # bits (NaN == NaN)
-    assert not different, f"{len(different)} tensors differ from the uninterrupted run, e.g. {different[:3]}"
+    assert not different, f"{len(different)} tensors differ from the reference run, e.g. {different[:3]}"
     assert got_states == ref_states  # LR schedule, data loader position, step/token counters
+
+
+def assert_bitwise_same_run(got_dir: Path, ref_dir: Path, steps: int) -> None:
+    """Two runs of `steps` steps: the final checkpoints (assert_same_checkpoint) and every logged step's record
+    (each of a step logged again after a fallback), timings aside."""
+    assert_same_checkpoint(got_dir, ref_dir, steps)
     got_h, ref_h = history(got_dir), history(ref_dir)
     assert sorted(got_h) == sorted(ref_h) == list(range(1, steps + 1))
     for step, records in got_h.items():

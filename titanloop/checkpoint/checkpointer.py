@@ -49,7 +49,7 @@ from titanloop.checkpoint.state import (
 log = logging.getLogger("titanloop.checkpoint")
 
 
-def _copy_atomic(x, memo, non_blocking=False):  # the stager calls atomic copiers with (x, memo)
+def _copy_atomic(x, memo, non_blocking=False):  # called as (x, memo), or with non_blocking by some torch versions
     return x
 
 
