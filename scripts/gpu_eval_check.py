@@ -140,7 +140,8 @@ SIZES = {
 }
 
 
-# every row, in the order a run takes them (issue 36's "done when" first; see the module docstring)
+# every row, in the order a run takes them (issue 36's "done when" first, so that --budget-s cuts the least needed;
+# see the module docstring); main() has one runner per name
 ROWS = (
     "validation_equals_cli_bf16",
     "generate_cache_equals_no_cache_small",
@@ -594,10 +595,15 @@ def ouro_hf_model(args, hf_dir: Path, work: Path):
     return model, f"remote code from {code} (trust_remote_code, local files only)"
 
 
-def row_hf_ouro(args, sizes, work: Path, state: dict) -> dict:
-    if "small_fp32" not in state:  # --rows without the small cache row, which loads it
+def small_fp32(args, state: dict) -> LoopLM:
+    """The bfloat16 validation row's small trained model, loaded once in float32 for the rows that use it."""
+    if "small_fp32" not in state:
         state["small_fp32"] = load_model(state["small_ckpt_bfloat16"], device=args.device, dtype=torch.float32)
-    small = state["small_fp32"]
+    return state["small_fp32"]
+
+
+def row_hf_ouro(args, sizes, work: Path, state: dict) -> dict:
+    small = small_fp32(args, state)
     hf_dir = export_ouro_hf(small, work / "hf_small")
     hf, how = ouro_hf_model(args, hf_dir, work)
     if hf is None:
@@ -934,31 +940,28 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     state: dict = {}
     try:
-        # issue 36's "done when" first (bf16 validation == CLI, the 1.4B sweep, cache == no cache), so that a run
-        # cut short by --budget-s keeps them; the float32 validation row (the CPU test's case) last
-        def row(name: str, fn) -> None:
-            if name in args.rows:
-                report.row(name, fn)
 
-        row("validation_equals_cli_bf16", lambda: row_validation(args, sizes, work, "bfloat16", state))
+        def small_models() -> dict:
+            bf16 = load_model(state["small_ckpt_bfloat16"], args.device, torch.bfloat16)
+            return {torch.float32: small_fp32(args, state), torch.bfloat16: bf16}
 
-        def small_models():
-            ckpt = state["small_ckpt_bfloat16"]
-            state["small_fp32"] = load_model(ckpt, device=args.device, dtype=torch.float32)
-            return {torch.float32: state["small_fp32"], torch.bfloat16: load_model(ckpt, args.device, torch.bfloat16)}
-
-        row("generate_cache_equals_no_cache_small", lambda: row_cache(small_models(), sizes, args.device, [1, 4, 8]))
-        row("load_straight_to_device", lambda: row_load(args, sizes, work, state))
-        row("sweep_frontier_1p4b", lambda: row_sweep(args, sizes, state))
-        row(  # the 1.4B shape in float32 (where a cache bug shows) and bfloat16 (the run dtype)
-            "generate_cache_equals_no_cache_big",
-            lambda: row_cache(both_precisions(big_model(args, sizes, state)), sizes, args.device, [1, 4, 8]),
-        )
-        row("generate_speed_1p4b", lambda: row_generate_speed(args, sizes, state))
-        row("cli_generate_auto", lambda: row_cli_generate(args, state))
-        row("head_stats_syncs", lambda: row_head_stats(args, sizes, state))
-        row("hf_ouro_generate", lambda: row_hf_ouro(args, sizes, work, state))
-        row("validation_equals_cli_fp32", lambda: row_validation(args, sizes, work, "float32", state))
+        runners = {  # by name; they run in ROWS' order (issue 36's "done when" first, float32 validation last)
+            "validation_equals_cli_bf16": lambda: row_validation(args, sizes, work, "bfloat16", state),
+            "generate_cache_equals_no_cache_small": lambda: row_cache(small_models(), sizes, args.device, [1, 4, 8]),
+            "load_straight_to_device": lambda: row_load(args, sizes, work, state),
+            "sweep_frontier_1p4b": lambda: row_sweep(args, sizes, state),
+            # the 1.4B shape in float32 (where a cache bug shows) and bfloat16 (the run dtype)
+            "generate_cache_equals_no_cache_big": lambda: row_cache(
+                both_precisions(big_model(args, sizes, state)), sizes, args.device, [1, 4, 8]
+            ),
+            "generate_speed_1p4b": lambda: row_generate_speed(args, sizes, state),
+            "cli_generate_auto": lambda: row_cli_generate(args, state),
+            "head_stats_syncs": lambda: row_head_stats(args, sizes, state),
+            "hf_ouro_generate": lambda: row_hf_ouro(args, sizes, work, state),
+            "validation_equals_cli_fp32": lambda: row_validation(args, sizes, work, "float32", state),
+        }
+        for name in args.rows:
+            report.row(name, runners[name])
     finally:
         report.write()
         if not args.workdir:
