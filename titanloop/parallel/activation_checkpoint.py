@@ -22,6 +22,11 @@ from titanloop.config_errors import require_choice
 from titanloop.model import LoopLM
 
 
+# the policies, from the least recomputation to the least memory (the [parallelism] section checks its setting
+# against this tuple)
+AC_MODES = ("none", "selective", "layer", "loop")
+
+
 def _checkpointed(fn):
     return functools.partial(checkpoint, fn, use_reentrant=False)
 
@@ -49,7 +54,7 @@ def _selective_context():
 
 def apply_activation_checkpointing(model: LoopLM, mode: str) -> None:
     """mode: 'none' | 'selective' | 'layer' | 'loop' (see the module docstring)."""
-    require_choice(mode, "parallelism.activation_checkpoint", ("none", "selective", "layer", "loop"))
+    require_choice(mode, "parallelism.activation_checkpoint", AC_MODES)
     if mode == "loop":
         model.loop_wrapper = _checkpointed
     elif mode in ("layer", "selective"):

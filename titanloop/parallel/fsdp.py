@@ -29,6 +29,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from titanloop.config_errors import require_choice
 from titanloop.model import LoopLM
 
+RESHARD_LOOPED = ("never", "always")  # see the module docstring; [parallelism] reshard_looped is checked against it
+
 
 def apply_fsdp(
     model: LoopLM,
@@ -37,7 +39,7 @@ def apply_fsdp(
     reduce_dtype: torch.dtype = torch.float32,
     reshard_looped: str = "never",
 ) -> None:
-    require_choice(reshard_looped, "parallelism.reshard_looped", ("never", "always"))
+    require_choice(reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     looped_reshard = reshard_looped == "always"
     for layer in model.prelude:  # run once per forward: reshard as usual

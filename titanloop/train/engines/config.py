@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from titanloop.config_errors import require, require_choice
+from titanloop.parallel.activation_checkpoint import AC_MODES
 from titanloop.parallel.float8 import Float8Section
+from titanloop.parallel.fsdp import RESHARD_LOOPED
 from titanloop.recipe.schedule_checks import check_schedule
 
 ENGINES = ("fsdp2", "deepspeed")
-AC_MODES = ("none", "selective", "layer", "loop")  # from the least recomputation to the least memory
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")
-RESHARD_LOOPED = ("never", "always")
 ZERO_STAGES = (2, 3)
 ZERO_OFFLOADS = ("none", "optimizer", "optimizer+params")
 
