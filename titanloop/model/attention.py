@@ -288,10 +288,8 @@ def document_mask(
             return (q_idx >= kv_idx) & (doc_ids[bi, q_idx] == doc_ids[bi, kv_idx])
 
         block_mask = create_block_mask(same_doc_causal, b, None, s, s, device=doc_ids.device)
-    if host_doc_ids is not None and host_doc_ids.device != doc_ids.device:
-        cu = cu_seqlens(host_doc_ids).to(doc_ids.device, non_blocking=True)
-    else:
-        cu = cu_seqlens(doc_ids)
+    # on the host ids where given (a no-op .to when they are on doc_ids' device already)
+    cu = cu_seqlens(doc_ids if host_doc_ids is None else host_doc_ids).to(doc_ids.device, non_blocking=True)
     if kernel == "varlen":  # a new document count must not recompile the layer that receives cu_seqlens
         torch._dynamo.mark_dynamic(cu, 0)
     return DocumentMask(cu, s, kernel, block_mask)
