@@ -71,7 +71,7 @@ def worker(out: str, ac: str, compiled: bool) -> None:
     model = parallelize(cfg.engine_settings(), build_model(cfg), mesh, param_dtype(cfg, "cpu"), device_type=None)
     init_weights(model, mesh.device)
     optimizers = build_optimizer(cfg.optimizer, model, 1, "cpu")
-    engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg.lr_scheduler, 10, optimizers), mixed_meshes=False)
+    engine = FSDP2Engine(model, optimizers, build_lr_schedulers(cfg.lr_scheduler, 10, optimizers))
     run = _fake_run(cfg, mesh, engine)
     t = cfg.training
     gen = torch.Generator().manual_seed(0)

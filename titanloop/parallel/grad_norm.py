@@ -4,7 +4,9 @@ Under FSDP x TP the parameters are DTensors on two meshes: the TP-planned ones o
 the rest (LM head, ...) on the 1-D dp mesh. `torch.nn.utils.get_total_norm` (and torchtitan's
 clip_grad_norm_, which calls it on all gradients at once) cannot stack norms of DTensors on different
 meshes, so this computes the norm per (mesh, placements) group, reduces each group to a plain scalar
-(`full_tensor`, one all-reduce per group) and combines them: ‖g‖ = sqrt(Σ_groups ‖g_group‖²).
+(`full_tensor`, one all-reduce per group) and combines them on the device: ‖g‖ = sqrt(Σ_groups ‖g_group‖²).
+`clip_grads_` then scales each group with torch.nn.utils.clip_grads_with_norm_, so every layout clips the same
+way: after the caller has seen the norm is finite.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor
 
 
@@ -23,35 +24,35 @@ def _group_key(g: torch.Tensor):
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float, foreach: bool = False) -> torch.Tensor:
-    """Clip the gradients of `parameters` in place to total L2 norm `max_norm`; returns the total norm."""
+def total_grad_norm(parameters) -> torch.Tensor:
+    """The L2 norm of all gradients of `parameters`, reduced over the ranks that shard them, as a plain tensor on
+    the gradients' device; clips nothing (torch.nn.utils.clip_grads_with_norm_ does, once the caller has seen the
+    norm is finite). Gradients on one mesh (or plain tensors) take one foreach norm; DTensors on several meshes
+    (FSDP x TP) one per (mesh, placements) group, each reduced to a plain scalar, combined as
+    sqrt(sum of squares)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     groups: dict = defaultdict(list)
     for g in grads:
         groups[_group_key(g)].append(g)
-    total_sq = torch.zeros((), dtype=torch.float32)
+    norms = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, 2.0, False, foreach)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        total_sq += norm.float().cpu() ** 2
-    total = total_sq.sqrt()
-    if is_fake(total):  # the dry run's memory plan: no value to read; scaling in place allocates nothing
-        return total
-    coef = float(max_norm) / (float(total) + 1e-6)
-    if coef < 1.0:
-        for g in grads:
-            g.mul_(coef)
-    return total
+        norm = torch.nn.utils.get_total_norm(group, 2.0, False, True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:
+        return norms[0]
+    return torch.stack([n.float() for n in norms]).pow(2).sum().sqrt()
 
 
 @torch.no_grad()
-def total_grad_norm(parameters) -> torch.Tensor:
-    """The L2 norm of all gradients of `parameters` (on one mesh), reduced over the ranks that shard them; clips
-    nothing (torch.nn.utils.clip_grads_with_norm_ does, once the caller has seen the norm is finite)."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+def clip_grads_(parameters, max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale the gradients of `parameters` in place by min(1, max_norm / total_norm), one foreach call per (mesh,
+    placements) group (a foreach op takes DTensors of one mesh); no host read, so fake tensors plan it too."""
+    groups: dict = defaultdict(list)
+    for p in parameters:
+        if p.grad is not None:
+            groups[_group_key(p.grad)].append(p)
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm, foreach=True)
 
 
 @torch.no_grad()

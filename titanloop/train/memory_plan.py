@@ -171,7 +171,7 @@ def measure_step(
             init_weights(model, mesh.device)
         optimizers = build_optimizer(cfg.optimizer, model, mesh.dims.tp, "cuda" if fake else mesh.device_type)
         lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, t.steps, optimizers)
-        engine = FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)
+        engine = FSDP2Engine(model, optimizers, lr_schedulers)
         run = _fake_run(cfg, mesh, engine)
         run.tracker = tracker = FSDPMemTracker(model, optimizers.optimizers[0])
         batch = {

@@ -14,19 +14,15 @@ from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfi
 
 from titanloop.parallel import parallelize_looplm, reshard_looped_layers, set_gradient_sync
 from titanloop.parallel.float8 import precompute_scales, uses_float8_all_gather
-from titanloop.parallel.grad_norm import clip_grad_norm_ as clip_grad_norm_mixed_meshes
-from titanloop.parallel.grad_norm import nonfinite_grad_names, total_grad_norm
+from titanloop.parallel.grad_norm import clip_grads_, nonfinite_grad_names, total_grad_norm
 from titanloop.recipe.schedules import StagedLRSchedulers
 from titanloop.train.engines.base import build_lr_schedulers, init_weights
 from titanloop.train.engines.config import EngineSettings, OptimizerSection
 
 
 class FSDP2Engine:
-    def __init__(
-        self, model: nn.Module, optimizers: OptimizersContainer, lr_schedulers: StagedLRSchedulers, mixed_meshes: bool
-    ):
+    def __init__(self, model: nn.Module, optimizers: OptimizersContainer, lr_schedulers: StagedLRSchedulers):
         self.model, self.optimizers, self.lr_schedulers = model, optimizers, lr_schedulers
-        self.mixed_meshes = mixed_meshes  # TP: parameters on two meshes, grad norm per mesh group
         self.nonfinite_grads: list[str] = []  # after a step with a non-finite norm: which local gradients were
         self.float8_all_gather = uses_float8_all_gather(model)  # float8.recipe = "tensorwise"
 
@@ -44,23 +40,17 @@ class FSDP2Engine:
 
     def step(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # TP clips here, before the finiteness check: a NaN norm scales nothing and an infinite one scales every
-        # gradient by 0, which leaves a non-finite gradient non-finite (inf * 0 = NaN), so the names below still hold
-        if self.mixed_meshes:
-            grad_norm = clip_grad_norm_mixed_meshes(params, max_norm)
-        else:
-            grad_norm = total_grad_norm(params)
+        grad_norm = total_grad_norm(params)  # one norm per mesh group under TP, combined
         self.nonfinite_grads = []
         # The norm is reduced over all ranks: every rank takes the same branch (one device-to-host read per step).
         # On fake tensors (the dry run's memory plan) the value is unknown and the step is planned as a finite one.
         if is_fake(grad_norm) or torch.isfinite(grad_norm):
-            if not self.mixed_meshes:
-                torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm, foreach=True)
+            clip_grads_(params, max_norm, grad_norm)
             self.optimizers.step()
             self.lr_schedulers.step()
             if self.float8_all_gather:  # the next all-gathers' float8 scales, one all-reduce for all weights
                 precompute_scales(self.model)
-        else:  # which local gradients went bad (non-finite whether or not the TP path scaled them)
+        else:  # which local gradients went bad
             self.nonfinite_grads = nonfinite_grad_names(self.model)
         return grad_norm
 
@@ -122,4 +112,4 @@ def build_fsdp2_engine(
     init_weights(model, mesh.device, load_weights)
     optimizers = build_optimizer(e.optimizer, model, mesh.dims.tp, mesh.device_type)
     lr_schedulers = build_lr_schedulers(e.lr_scheduler, e.steps, optimizers)
-    return FSDP2Engine(model, optimizers, lr_schedulers, mixed_meshes=mesh.dims.tp > 1)
+    return FSDP2Engine(model, optimizers, lr_schedulers)
