@@ -134,7 +134,8 @@ def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled():
     (memory_plan.compiled_saving_bytes: one real layer's saved bytes per token, eager vs inductor's partition, x the
     layer calls live at the peak). On one H100 the plan less that saving was within 0.4% of the compiled bf16 runs'
     peaks (scripts/plan_vs_gpu.py). Here: the subtraction is exactly that saving, from the activations row, said in
-    a note; an AC policy it does not model keeps the eager plan and says so."""
+    a note; an AC policy it does not model keeps the eager plan and says so; a frozen trunk (exit-gate Stage II)
+    saves nothing to subtract."""
     from titanloop.train.config import load_config
     from titanloop.train.dry_run import dry_run
     from titanloop.train.memory_plan import compiled_saving_bytes
@@ -154,3 +155,8 @@ def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled():
     cfg, layer = plan("--parallelism.compile", "true", "--parallelism.activation_checkpoint", "layer")
     assert compiled_saving_bytes(cfg) is None and layer.peak == layer_eager.peak
     assert any(n.startswith("planned eager") for n in layer.notes), layer.notes
+    # exit-gate Stage II trains the gate alone: the frozen trunk's layers save nothing, so compile saves nothing
+    _, gate_eager = plan("--parallelism.compile", "false", "--objective.name", "stage2_gate")
+    cfg, gate = plan("--parallelism.compile", "true", "--objective.name", "stage2_gate")
+    assert compiled_saving_bytes(cfg) == 0 and gate.peak == gate_eager.peak
+    assert any(n.startswith("compiled: 0.00 GB fewer") for n in gate.notes), gate.notes

@@ -234,10 +234,16 @@ def plan_memory(
                 "torch.compile's partition of one decoder layer keeps for backward, measured, x the layer calls "
                 "live at the peak)"
             )
-        else:
+        elif saving is None:
             notes.append(
                 "planned eager: torch.compile usually lowers activation memory (fused elementwise ops); its saving "
                 "is not modeled for tensor parallelism, prelude/coda layers or this AC policy"
+            )
+        else:  # e.g. a frozen trunk (gate training), whose layers save little for backward
+            notes.append(
+                f"planned eager: compile's modeled saving ({saving / GB:.2f} GB) exceeds the planned activations "
+                f"({rows.get('activations', 0) / GB:.2f} GB), so the layers save less than the model assumes; the "
+                "eager figure is kept"
             )
     return MemoryPlan(mesh.world_size, n_loops, rows, peak, gpu_mem_gb, reserve_gb, attention, notes)
 
@@ -254,10 +260,10 @@ _PER_TOKEN: dict[tuple, tuple[float, float]] = {}  # (shape, dtype, float8 recip
 def compiled_saving_bytes(cfg: TrainConfig) -> int | None:
     """compile_saving_bytes of `cfg` with its layer's per-token saving measured here (once per shape, dtype and
     float8 recipe in this process); 0 without compile, None where the saving is not modeled."""
-    if compile_saving_bytes(cfg, (0.0, 0.0)) is None:  # not modeled: skip the probe
-        return None
     if not cfg.parallelism.compile:
         return 0
+    if compiled_layer_calls(cfg) is None:  # not modeled: skip the probe
+        return None
     model = cfg.model.shape(cfg.loop_sampler.bounds()[1])
     dtype = param_dtype(cfg, "cuda")
     key = (repr(model), dtype, cfg.float8.recipe)
@@ -344,20 +350,29 @@ def layer_saved_bytes_per_token(
     return (e2 - e1) / span, (c2 - c1) / span
 
 
-def compile_saving_bytes(cfg: TrainConfig, per_token: tuple[float, float]) -> int | None:
-    """How many bytes fewer a compiled step holds at its peak than the (eager) plan says: the decoder-layer calls
-    whose saved tensors are live at the peak x the tokens of one micro-batch x what compile saves per token and
-    layer call (layer_saved_bytes_per_token). Live at the peak: every looped layer call of the micro-batch without
-    AC, one loop's layers with per-loop AC (its recompute). 0 when the config does not compile; None where this is
-    not modeled (other AC policies, tensor parallelism, prelude or coda layers). float8 runs are modeled with the
-    float8 layer's own saving: on the H100 run above, the plan less it was within 5% of both recipes' peaks."""
-    if not cfg.parallelism.compile:
+def compiled_layer_calls(cfg: TrainConfig) -> int | None:
+    """The decoder-layer calls of one micro-batch whose saved tensors are live at a compiled step's peak: every
+    looped layer call without AC, one loop's layers with per-loop AC (its recompute). None where this is not modeled
+    (other AC policies, tensor parallelism, prelude or coda layers). 0 for exit-gate Stage II, whose trunk is frozen
+    (titanloop.train.startup): its layer calls save nothing for backward, compiled or not."""
+    if cfg.objective.name == "stage2_gate":
         return 0
     n_loops = cfg.loop_sampler.bounds()[1]
     model = cfg.model.shape(n_loops)
     if cfg.parallelism.tp > 1 or model.n_prelude_layers or model.n_coda_layers:
         return None
-    calls = {"none": model.n_layers * n_loops, "loop": model.n_layers}.get(cfg.parallelism.activation_checkpoint)
+    return {"none": model.n_layers * n_loops, "loop": model.n_layers}.get(cfg.parallelism.activation_checkpoint)
+
+
+def compile_saving_bytes(cfg: TrainConfig, per_token: tuple[float, float]) -> int | None:
+    """How many bytes fewer a compiled step holds at its peak than the (eager) plan says: compiled_layer_calls x
+    the tokens of one micro-batch x what compile saves per token and layer call (layer_saved_bytes_per_token). 0
+    when the config does not compile; None where this is not modeled (compiled_layer_calls). float8 runs are
+    modeled with the float8 layer's own saving: on the H100 run above, the plan less it was within 5% of both
+    recipes' peaks."""
+    if not cfg.parallelism.compile:
+        return 0
+    calls = compiled_layer_calls(cfg)
     if calls is None:
         return None
     eager, compiled = per_token
