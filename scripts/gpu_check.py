@@ -633,13 +633,17 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
     return res, checks + [memory_plan_check(plan_label, res.peak_gib, res.plan_gib)]
 
 
-def planned_peak_gib(config: Path, args: list[str], n_gpus: int) -> float:
-    """The memory plan's peak (GiB per GPU) of `config` + `args` at `n_gpus` ranks (fake backend, meta tensors)."""
+def memory_plan_of(config: Path, args: list[str], n_gpus: int):
+    """The dry run's MemoryPlan of `config` + `args` at `n_gpus` ranks (fake backend, meta tensors)."""
     from titanloop.train.config import load_config
     from titanloop.train.dry_run import dry_run
 
-    cfg = load_config(config, args, world_size=n_gpus)
-    return dry_run(cfg, n_gpus, memory_plan=True).memory_plan.peak / GIB
+    return dry_run(load_config(config, args, world_size=n_gpus), n_gpus, memory_plan=True).memory_plan
+
+
+def planned_peak_gib(config: Path, args: list[str], n_gpus: int) -> float:
+    """The memory plan's peak (GiB per GPU) of `config` + `args` at `n_gpus` ranks."""
+    return memory_plan_of(config, args, n_gpus).peak / GIB
 
 
 def write_plans(a: argparse.Namespace) -> int:

@@ -77,11 +77,9 @@ def throughput_runs(doc: dict) -> list[tuple[str, list[str], int, float]]:
 
 
 def plan(args: list[str], n_gpus: int) -> tuple[float, list[str]]:
-    from titanloop.train.config import load_config
-    from titanloop.train.dry_run import dry_run
-
-    cfg = load_config(ROOT / "train_configs" / "debug.toml", args, world_size=n_gpus)
-    p = dry_run(cfg, n_gpus, memory_plan=True).memory_plan
+    """(peak GiB, notes) of the plan gpu_check makes for a training run with these arguments."""
+    gc = _gpu_check()
+    p = gc.memory_plan_of(gc.TRAIN_CONFIG, args, n_gpus)
     return p.peak / GIB, list(p.notes)
 
 
