@@ -28,8 +28,9 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
   preemption        (--preemption or --full) a small run checkpointed asynchronously on CUDA (pinned-memory
                     staging), stopped by SIGTERM and resumed: its losses after the resume vs an uninterrupted run's
                     (bitwise when two uninterrupted runs agree bitwise, else within 2x their difference)
-  learning          (--learning or --full) the Ouro-1.4B shape for LEARN_STEPS steps: last-loop CE falls steadily
-                    and ends >= 30% of the way from its start to the task's entropy floor, no grad-norm spike above
+  learning          (--learning or --full) the Ouro-1.4B shape with LEARN_MODEL (input injection of an embedding of
+                    std 1.0) for LEARN_STEPS steps: last-loop CE falls steadily and ends >= 30% of the way from its
+                    start to the task's entropy floor, no grad-norm spike above
                     10x the running median; the verdict also gives p(t) and the CE per loop at the end, and the step
                     at which the exit distribution collapsed onto one loop, if it did. --learning-args="..." runs a
                     variant (more trainer overrides, e.g. "--objective.beta 0.5"), named in its verdict
@@ -99,6 +100,14 @@ SHAPES = [("ouro-1.4b", {}), ("ouro-1.4b", {"n_layers": 12}), ("ouro-1.4b", {"n_
 ACTIVATION_ALLOWANCE = 16 * GIB
 # the learning run: Ouro-1.4B, T = 4, 2 x 4K sequences per step, Ouro's LR with a short warmup
 LEARN_STEPS, LEARN_WARMUP, LEARN_LR, LEARN_PROGRESS, SPIKE_FACTOR, SPIKE_WINDOW = 150, 30, 3e-4, 0.30, 10.0, 20
+# ...with the token embedding added to every loop's input at a scale the unit-RMS sublayer updates do not drown
+# (std 1.0). With Ouro's defaults the motif task's loops 2-4 stop at a fixed point above loop 1 (two H100 runs,
+# gpu_sessions/2026-11-27-session2 and -session3): they have lost the token identity copying needs. On CPU
+# (benchmarks/probes/loop_separation.json) these two settings make the later loops beat loop 1, where neither alone
+# nor any other single setting does. The row asks whether the 1.4B shape learns at every loop on this GPU;
+# --learning-args="--model.embed_init_std 0.02 --model.inject_embedding false" (OURO_MODEL) runs Ouro's own settings.
+LEARN_MODEL = ("--model.embed_init_std", "1.0", "--model.inject_embedding", "true")
+OURO_MODEL = ("--model.embed_init_std", "0.02", "--model.inject_embedding", "false")
 # the preemption row: a model that saves in seconds, SIGTERM after PREEMPT_AT steps, >= 10 compared steps after
 PREEMPT_STEPS, PREEMPT_AT, PREEMPT_INTERVAL = 30, 12, 5
 # the memory run: bf16 at T = 4 without activation checkpointing, long enough for the optimizer step's peak
@@ -738,6 +747,7 @@ def learning_args(run_dir: Path, n_gpus: int, extra: list[str] = ()) -> list[str
         *train_args(run_dir, "ouro-1.4b", {}, 4, 4096, n_gpus, steps=LEARN_STEPS, micro_batch=2),
         *("--metrics.log_freq", "1", "--optimizer.lr", str(LEARN_LR), "--lr_scheduler.warmup_steps", str(LEARN_WARMUP)),
         *("--lr_scheduler.decay_ratio", "0.0"),
+        *LEARN_MODEL,
         *extra,
     ]
 
@@ -759,6 +769,7 @@ def _check_learning(a: argparse.Namespace, workdir: Path) -> Check:
     if code != 0 or not rows:
         return Check("learning", False, _failed(code, log) if code != 0 else f"no metrics logged: {log_tail(log)}")
     check = learning_check(rows, learning_floor())
+    check.numbers["model_args"] = list(LEARN_MODEL)
     if a.learning_extra:  # a variant of the run: its verdict says which
         check.numbers["extra_args"] = list(a.learning_extra)
         check.detail = f"with {' '.join(a.learning_extra)}: {check.detail}"

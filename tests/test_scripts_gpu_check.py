@@ -603,6 +603,9 @@ def test_learning_run_arguments_and_floor(tmp_path):
     assert (cfg.looplm.n_layers, cfg.looplm.hidden_size, cfg.loop_sampler.n_loops) == (24, 2048, 4)
     assert (cfg.training.steps, cfg.training.micro_batch_size, cfg.optimizer.lr) == (gc.LEARN_STEPS, 2, gc.LEARN_LR)
     assert cfg.metrics.log_freq == 1 and cfg.data.motif_vocab == gc.MOTIF_VOCAB
+    assert (cfg.looplm.embed_init_std, cfg.looplm.inject_embedding) == (1.0, True)  # LEARN_MODEL
+    ouro = load_config(gc.TRAIN_CONFIG, gc.learning_args(tmp_path, 1, gc.OURO_MODEL), world_size=1)
+    assert (ouro.looplm.embed_init_std, ouro.looplm.inject_embedding) == (ouro.looplm.init_std, False)
     floor = gc.learning_floor(1024)
     assert 0.05 < floor < 0.3  # ~4% of the tokens are first occurrences, each >= ln 63 = 4.14 nats
 
