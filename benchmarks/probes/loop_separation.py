@@ -1,0 +1,160 @@
+"""CPU probe: which of the loop-separating model settings lets the later loops of the learning task beat loop 1?
+
+gpu_check's learning row (ouro-1.4b, Ouro's default model settings) ends with loops 2-4 at a fixed point above loop 1
+on the H100 (gpu_sessions/2026-11-27-session3). The same task at debug-small on CPU shows the same pattern, and the
+README demo's four separating settings together remove it (cpu_probe_loop_separation.json there). This probe runs
+each variant below through `torchrun -m titanloop.train` (one process, the learning row's task at debug-small) and
+records the per-loop CE by quarter of the run, the hidden RMS and p(t) at the end.
+
+    python benchmarks/probes/loop_separation.py --out benchmarks/probes/loop_separation.json \
+        --variants defaults,readout_raw,no_inter_loop_norm --seeds 2,3 [--steps 300] [--jobs 2]
+
+Each run takes a few minutes on one core; --jobs runs that many at once (at most the cores you have).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# the learning row's task (motifs from 64 ids) at debug-small, as in the session-3 CPU probe
+BASE = [
+    "--model.preset", "debug-small", "--model.vocab_size", "4096", "--data.motif_vocab", "64",
+    "--training.seq_len", "1024", "--training.micro_batch_size", "2", "--training.global_batch_size", "2",
+    "--loop_sampler.n_loops", "4", "--optimizer.lr", "1e-3", "--lr_scheduler.warmup_steps", "30",
+    "--lr_scheduler.decay_ratio", "0.0", "--parallelism.compile", "false", "--parallelism.activation_checkpoint",
+    "loop", "--objective.name", "dense", "--metrics.log_freq", "1", "--metrics.wandb", "off",
+    "--checkpoint.enable", "false",
+]  # fmt: skip
+
+SEPARATING = {
+    "readout_raw": ["--model.readout", "raw"],
+    "no_inter_loop_norm": ["--model.inter_loop_norm", "false"],
+    "embed_std_1": ["--model.embed_init_std", "1.0"],
+    "inject_embedding": ["--model.inject_embedding", "true"],
+}
+VARIANTS = {
+    "defaults": [],
+    **SEPARATING,
+    "all_four": [a for v in SEPARATING.values() for a in v],
+    "all_but_inject": [a for k, v in SEPARATING.items() if k != "inject_embedding" for a in v],
+    "raw_no_norm": SEPARATING["readout_raw"] + SEPARATING["no_inter_loop_norm"],
+    "no_norm_and_inject": SEPARATING["no_inter_loop_norm"] + SEPARATING["inject_embedding"],
+    "inject_and_embed_std_1": SEPARATING["inject_embedding"] + SEPARATING["embed_std_1"],
+}
+
+
+def quarters(rows: list[dict], key: str) -> list[list[float]]:
+    """Mean of rows[i][key][t] over each quarter of the run, as [quarter][loop]."""
+    n = len(rows)
+    out = []
+    for q in range(4):
+        part = rows[q * n // 4 : (q + 1) * n // 4]
+        loops = len(part[0][key])
+        out.append([round(sum(r[key][t] for r in part) / len(part), 3) for t in range(loops)])
+    return out
+
+
+def run(variant: str, seed: int, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        args = [*BASE, "--training.steps", str(steps), "--training.seed", str(seed), "--data.seed", str(seed)]
+        args += ["--training.run_dir", str(run_dir), *VARIANTS[variant]]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+        cmd += ["-m", "titanloop.train", "--config", "train_configs/debug.toml", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{variant} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        print(f"  {variant} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+        return {**summarize(variant, seed, run_dir / "metrics.jsonl"), "wall_s": round(time.time() - t0, 1)}
+
+
+def summarize(variant: str, seed: int, metrics: Path) -> dict:
+    """One run's record from its metrics.jsonl (every step logged)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = [r for r in rows if "ce" in r]
+    return {
+        "variant": variant,
+        "seed": seed,
+        "args": VARIANTS[variant],
+        "steps_logged": len(rows),
+        "ce_per_loop_by_quarter": quarters(rows, "ce"),
+        "hidden_rms_end": [round(v, 2) for v in rows[-1]["hidden_rms"]],
+        "exit_prob_end": [round(v, 3) for v in rows[-1]["exit_prob"]],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="json to write (replaced)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--seeds", default="2,3", help="comma list of seeds (training.seed and data.seed)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
+    p.add_argument("--merge", nargs="*", default=[], help="earlier outputs of this probe whose runs to keep")
+    p.add_argument(
+        "--from-metrics",
+        nargs="*",
+        default=[],
+        metavar="VARIANT:SEED:PATH",
+        help="record a finished run of this probe from its metrics.jsonl (e.g. a probe stopped before it wrote)",
+    )
+    p.add_argument("--note", action="append", default=[], help="a note for the json (repeatable)")
+    a = p.parse_args()
+    variants = [v for v in a.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    seeds = [int(s) for s in a.seeds.split(",") if s]
+    todo = [(v, s) for v in variants for s in seeds]
+    print(f"{len(todo)} runs of {a.steps} steps, {a.jobs} at once", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    runs: list[dict] = []
+    for path in a.merge:
+        earlier = json.loads(Path(path).read_text())
+        runs += [{"from": earlier["command"], "commit": earlier["commit"], **r} for r in earlier["runs"]]
+    for spec in a.from_metrics:
+        variant, seed, path = spec.split(":", 2)
+        if variant not in VARIANTS:
+            p.error(f"--from-metrics {spec}: unknown variant {variant!r}")
+        runs.append({**summarize(variant, int(seed), Path(path)), "from": f"metrics {path}"})
+    if runs:
+        write(a.out, runs, commit, a.note)
+
+    def one(vs):  # the json is rewritten after every run: a stopped probe keeps what it finished
+        runs.append(run(vs[0], vs[1], a.steps))
+        write(a.out, runs, commit, a.note)
+
+    with ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(one, todo))
+    print(f"wrote {a.out}")
+
+
+def write(path: str, runs: list[dict], commit: str, notes: list[str]) -> None:
+    out = {
+        "what": "CPU probe of the learning task's loop separation at debug-small: Ouro's default model settings with "
+        "one or more loop-separating settings switched on (" + __doc__.split("\n")[0] + ")",
+        "command": " ".join(["python", "benchmarks/probes/loop_separation.py", *sys.argv[1:]]),
+        "train_command": "OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc-per-node 1 -m titanloop.train "
+        "--config train_configs/debug.toml " + " ".join(BASE),
+        "commit": commit,
+        "torch": __import__("torch").__version__,
+        "notes": notes,
+        "runs": sorted(runs, key=lambda r: (list(VARIANTS).index(r["variant"]), r["seed"])),
+    }
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
