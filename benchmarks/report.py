@@ -93,7 +93,8 @@ KNOWN_STALE: dict[str, str] = {
     "gpu_check": "measured on the H100 at 6326f59; after it the float8 loss rule became one-sided, the plan "
     "subtracts compile's saving (gpu_sessions/2026-11-27/plan_vs_gpu.json sets the new plans beside its peaks), and "
     "the LM head's gradient became a bf16 GEMM on CUDA (9da3032): its verdicts are the old code's until the next GPU "
-    "session (gpu_sessions/2026-11-27-session3 ran only its kernel-choice, preemption and learning rows at fdb31ea)",
+    "session (gpu_sessions/2026-11-27-session3 ran only its kernel-choice, preemption and learning rows at fdb31ea); "
+    "the learning row has since added input injection of an embedding of std 1.0 (07664a3), which no GPU has run",
     "gpu_eval": "measured on the H100 at fdb31ea (8 PASS, 1 FAIL, 1 SKIP); after it the sync count stopped counting "
     "torch's debug-mode notice as a sync (the FAIL row's recorded sites are one sync and that notice), and the async "
     "checkpoint stager gained torch 2.11's missing class copier (3fc5b36), which the eval rows' training runs do not "
