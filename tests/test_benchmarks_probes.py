@@ -59,7 +59,11 @@ def test_a_finished_runs_metrics_are_recorded_and_merged(tmp_path, monkeypatch):
     "args, says",
     [
         (["--variants", "all_five"], "unknown variant(s) ['all_five']"),
-        (["--seeds=", "--from-metrics", "bogus:1:x.jsonl"], "unknown variant 'bogus'"),
+        (["--seeds=", "--from-metrics", "bogus:1:x.jsonl"], "give VARIANT:SEED:PATH"),
+        (["--seeds=", "--from-metrics", "all_four"], "give VARIANT:SEED:PATH"),
+        (["--seeds=", "--from-metrics", "all_four:x:metrics.jsonl"], "an integer seed"),
+        (["--seeds=", "--from-metrics", "all_four:1:missing.jsonl"], "an existing metrics.jsonl"),
+        (["--seeds=", "--merge", "missing.json"], "--merge missing.json: no such file"),
     ],
 )
 def test_usage_errors_say_what_is_wrong(tmp_path, monkeypatch, capsys, args, says):

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +36,9 @@ BASE = [
     "loop", "--objective.name", "dense", "--metrics.log_freq", "1", "--metrics.wandb", "off",
     "--checkpoint.enable", "false",
 ]  # fmt: skip
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "titanloop.train"]
+TORCHRUN += ["--config", "train_configs/debug.toml"]
 
 SEPARATING = {
     "readout_raw": ["--model.readout", "raw"],
@@ -69,8 +73,7 @@ def run(variant: str, seed: int, steps: int) -> dict:
         run_dir = Path(tmp) / "run"
         args = [*BASE, "--training.steps", str(steps), "--training.seed", str(seed), "--data.seed", str(seed)]
         args += ["--training.run_dir", str(run_dir), *VARIANTS[variant]]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-        cmd += ["-m", "titanloop.train", "--config", "train_configs/debug.toml", *args]
+        cmd = [sys.executable, *TORCHRUN, *args]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         t0 = time.time()
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -122,19 +125,27 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     runs: list[dict] = []
     for path in a.merge:
+        if not Path(path).is_file():
+            p.error(f"--merge {path}: no such file; give an earlier --out of this probe")
         earlier = json.loads(Path(path).read_text())
         runs += [{"from": earlier["command"], "commit": earlier["commit"], **r} for r in earlier["runs"]]
     for spec in a.from_metrics:
-        variant, seed, path = spec.split(":", 2)
-        if variant not in VARIANTS:
-            p.error(f"--from-metrics {spec}: unknown variant {variant!r}")
+        variant, seed, path = (spec.split(":", 2) + ["", ""])[:3]
+        if variant not in VARIANTS or not seed.isdigit() or not Path(path).is_file():
+            p.error(
+                f"--from-metrics {spec}: give VARIANT:SEED:PATH with a variant of {', '.join(VARIANTS)}, an integer "
+                "seed and an existing metrics.jsonl"
+            )
         runs.append({**summarize(variant, int(seed), Path(path)), "from": f"metrics {path}"})
     if runs:
         write(a.out, runs, commit, a.note)
+    lock = threading.Lock()  # --jobs runs finish in their own threads: one append and rewrite at a time
 
     def one(vs):  # the json is rewritten after every run: a stopped probe keeps what it finished
-        runs.append(run(vs[0], vs[1], a.steps))
-        write(a.out, runs, commit, a.note)
+        result = run(vs[0], vs[1], a.steps)
+        with lock:
+            runs.append(result)
+            write(a.out, runs, commit, a.note)
 
     with ThreadPoolExecutor(a.jobs) as pool:
         list(pool.map(one, todo))
@@ -146,14 +157,15 @@ def write(path: str, runs: list[dict], commit: str, notes: list[str]) -> None:
         "what": "CPU probe of the learning task's loop separation at debug-small: Ouro's default model settings with "
         "one or more loop-separating settings switched on (" + __doc__.split("\n")[0] + ")",
         "command": " ".join(["python", "benchmarks/probes/loop_separation.py", *sys.argv[1:]]),
-        "train_command": "OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc-per-node 1 -m titanloop.train "
-        "--config train_configs/debug.toml " + " ".join(BASE),
+        "train_command": " ".join(["OMP_NUM_THREADS=1 python", *TORCHRUN, *BASE]),
         "commit": commit,
         "torch": __import__("torch").__version__,
         "notes": notes,
         "runs": sorted(runs, key=lambda r: (list(VARIANTS).index(r["variant"]), r["seed"])),
     }
-    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    tmp = Path(f"{path}.tmp")  # written whole, then moved: a probe stopped mid-write leaves the last json intact
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
