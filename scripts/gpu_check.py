@@ -30,10 +30,10 @@ Checks, in order (the numerical ones live in titanloop.checks.numerics; toleranc
                     (bitwise when two uninterrupted runs agree bitwise, else within 2x their difference)
   learning          (--learning or --full) the Ouro-1.4B shape with LEARN_MODEL (input injection of an embedding of
                     std 1.0) for LEARN_STEPS steps: last-loop CE falls steadily and ends >= 30% of the way from its
-                    start to the task's entropy floor, no grad-norm spike above
-                    10x the running median; the verdict also gives p(t) and the CE per loop at the end, and the step
-                    at which the exit distribution collapsed onto one loop, if it did. --learning-args="..." runs a
-                    variant (more trainer overrides, e.g. "--objective.beta 0.5"), named in its verdict
+                    start to the task's entropy floor, no grad-norm spike above 10x the running median; the verdict
+                    also gives p(t) and the CE per loop at the end, and the step at which the exit distribution
+                    collapsed onto one loop, if it did. --learning-args="..." runs a variant (more trainer overrides,
+                    e.g. "--objective.beta 0.5" or OURO_MODEL's), named in its verdict
 
 --budget-s skips the rows that no longer fit (estimated from shared/GPU.md's H100 timings) and stops a run still
 going at the budget; the json is rewritten after every row. Without CUDA it prints one line and exits 1 (`--smoke`
