@@ -38,8 +38,8 @@ def total_grad_norm(parameters) -> torch.Tensor:
     for group in groups.values():
         norm = torch.nn.utils.get_total_norm(group, 2.0, False, True)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if len(norms) == 1:
-        return norms[0]
+    if len(norms) <= 1:  # no gradients at all: a norm of 0, as get_total_norm gives for an empty list
+        return norms[0] if norms else torch.zeros(())
     return torch.stack([n.float() for n in norms]).pow(2).sum().sqrt()
 
 
