@@ -262,8 +262,9 @@ def compiled_saving_bytes(cfg: TrainConfig) -> int | None:
     float8 recipe in this process); 0 without compile, None where the saving is not modeled."""
     if not cfg.parallelism.compile:
         return 0
-    if compiled_layer_calls(cfg) is None:  # not modeled: skip the probe
-        return None
+    calls = compiled_layer_calls(cfg)
+    if not calls:  # not modeled (None), or no layer call saves anything (0): no probe to run
+        return calls
     model = cfg.model.shape(cfg.loop_sampler.bounds()[1])
     dtype = param_dtype(cfg, "cuda")
     key = (repr(model), dtype, cfg.float8.recipe)
