@@ -156,6 +156,7 @@ def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled(monkeypat
     cfg, layer = plan("--parallelism.compile", "true", "--parallelism.activation_checkpoint", "layer")
     assert compiled_saving_bytes(cfg) is None and layer.peak == layer_eager.peak
     assert any(n.startswith("planned eager") for n in layer.notes), layer.notes
+
     # exit-gate Stage II trains the gate alone: the frozen trunk's layers save nothing, so compile saves nothing
     def no_probe(*args, **kwargs):
         raise AssertionError("a frozen trunk's plan probed a compiled layer")
