@@ -752,6 +752,15 @@ def learning_args(run_dir: Path, n_gpus: int, extra: list[str] = ()) -> list[str
     ]
 
 
+def learning_model(args: list[str], n_gpus: int) -> dict:
+    """The loop-separating settings the learning run trains with, as the trainer resolves its arguments (so an
+    override in --learning-args shows, not LEARN_MODEL's defaults)."""
+    from titanloop.train.config import load_config
+
+    looplm = load_config(TRAIN_CONFIG, args, world_size=n_gpus).looplm
+    return {"embed_init_std": looplm.embed_init_std, "inject_embedding": looplm.inject_embedding}
+
+
 def learning_floor(seq_len: int = 4096) -> float:
     from titanloop.data.synthetic_text import SyntheticTextSource
 
@@ -763,13 +772,14 @@ def _check_learning(a: argparse.Namespace, workdir: Path) -> Check:
     if skip:
         return Check("learning", None, skip)
     run_dir, log = workdir / "learning", workdir / "learning.log"
-    cmd = torchrun_command(sys.executable, a.n_gpus, learning_args(run_dir, a.n_gpus, a.learning_extra))
+    args = learning_args(run_dir, a.n_gpus, a.learning_extra)
+    cmd = torchrun_command(sys.executable, a.n_gpus, args)
     code = run_logged(cmd, log, a.budget.left())
     rows = _metrics(run_dir)
     if code != 0 or not rows:
         return Check("learning", False, _failed(code, log) if code != 0 else f"no metrics logged: {log_tail(log)}")
     check = learning_check(rows, learning_floor())
-    check.numbers["model_args"] = list(LEARN_MODEL)
+    check.numbers["model"] = learning_model(args, a.n_gpus)
     if a.learning_extra:  # a variant of the run: its verdict says which
         check.numbers["extra_args"] = list(a.learning_extra)
         check.detail = f"with {' '.join(a.learning_extra)}: {check.detail}"

@@ -606,6 +606,10 @@ def test_learning_run_arguments_and_floor(tmp_path):
     assert (cfg.looplm.embed_init_std, cfg.looplm.inject_embedding) == (1.0, True)  # LEARN_MODEL
     ouro = load_config(gc.TRAIN_CONFIG, gc.learning_args(tmp_path, 1, gc.OURO_MODEL), world_size=1)
     assert (ouro.looplm.embed_init_std, ouro.looplm.inject_embedding) == (ouro.looplm.init_std, False)
+    # the verdict records what the run resolved: LEARN_MODEL's values, or an override's
+    assert gc.learning_model(args, 1) == {"embed_init_std": 1.0, "inject_embedding": True}
+    ouro_args = gc.learning_args(tmp_path, 1, gc.OURO_MODEL)
+    assert gc.learning_model(ouro_args, 1) == {"embed_init_std": ouro.looplm.init_std, "inject_embedding": False}
     floor = gc.learning_floor(1024)
     assert 0.05 < floor < 0.3  # ~4% of the tokens are first occurrences, each >= ln 63 = 4.14 nats
 
