@@ -4,11 +4,12 @@ local gcc), together with FSDP2 and per-loop activation checkpointing.
 
 Six launches share the assertions:
 - stage A eager and stage A compiled: 20 steps at T = 8 from the same seed; the compiled run's loss follows the
-  eager one at every step (tolerance below);
+  eager one at every step (tolerance below). The compiled run keeps its first 3 loops' activations
+  (`parallelism.ac_kept_loops = 3`; eager checkpoints all 8): the same math, recomputed less;
 - bf16 parameters with fp32 gradient reduction (mixed precision) against fp32 and against the same bf16 run with
   its updates lost (lr 1e-9), at T = 4 and lr 1e-3;
 - stage B compiled: a new stage started from stage A's compiled checkpoint (the Ouro 8 -> 4 transition) with the
-  loop count sampled per step (uniform in 2..4).
+  loop count sampled per step (uniform in 2..4) and 2 loops kept (so some steps keep every loop).
 Recompilation check: the trainer logs `compiled_graphs` (Dynamo's count of graphs compiled in the process) at
 every step. It must not move after the first step, while T changes from step to step, and stage B (T <= 4)
 must compile exactly as many graphs as stage A (T = 8): the loop count never reaches the compiled code.
@@ -61,7 +62,12 @@ def runs(tmp_path_factory):
     bf16 = launch("bf16", {**BF16, "training.dtype": "bfloat16"})
     frozen = launch("bf16_frozen", {**BF16, "training.dtype": "bfloat16", "optimizer.lr": 1e-9})
     compiled = launch(
-        "compiled", {**stage_a, "parallelism.compile": True, "checkpoint.enable": True, "checkpoint.interval": STEPS}
+        "compiled",
+        {
+            **stage_a,
+            **{"parallelism.compile": True, "parallelism.ac_kept_loops": 3},
+            **{"checkpoint.enable": True, "checkpoint.interval": STEPS},
+        },
     )
     stage_b = launch(
         "stage_b",
@@ -72,6 +78,7 @@ def runs(tmp_path_factory):
             "loop_sampler.min_sampled": 2,
             "loop_sampler.max_sampled": 4,
             "parallelism.compile": True,
+            "parallelism.ac_kept_loops": 2,
             "stage.init_from": str(root / "compiled" / "checkpoints"),
         },
     )
@@ -80,6 +87,7 @@ def runs(tmp_path_factory):
         "compiled": compiled.by_step,
         "stage_b": stage_b.by_step,
         "out": compiled.out,
+        "out_eager": eager.out,
         "out_b": stage_b.out,
         "bf16": bf16.by_step,
         "out_bf16": bf16.out,
@@ -98,6 +106,10 @@ def test_compiled_loss_matches_eager_for_20_steps(runs):
     for s in eager:
         assert compiled[s]["loss"] == pytest.approx(eager[s]["loss"], rel=0, abs=LOSS_TOL), (s, compiled[s], eager[s])
     assert "compiled_graphs" not in eager[1]
+    # the startup line says what each run checkpoints
+    assert "activation checkpointing loop (first 3 loops kept) |" in runs["out"], runs["out"][-2000:]
+    assert "activation checkpointing loop |" in runs["out_eager"]
+    assert "activation checkpointing loop (first 2 loops kept) |" in runs["out_b"]
 
 
 def test_no_recompile_across_loop_counts_and_the_8_to_4_stage_transition(runs):

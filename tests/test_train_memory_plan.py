@@ -58,18 +58,21 @@ def _status(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M).group(1)) * 1024
 
 
-def _overrides(world: int, tp: int) -> list[str]:
-    return OVERRIDES + ["--training.global_batch_size", str(4 * world // tp), "--parallelism.tp", str(tp)]
+def _overrides(world: int, tp: int, kept: int = 0) -> list[str]:
+    return OVERRIDES + [
+        *("--training.global_batch_size", str(4 * world // tp), "--parallelism.tp", str(tp)),
+        *("--parallelism.ac_kept_loops", str(kept)),
+    ]
 
 
-def _worker(out: str, tp: int) -> None:
+def _worker(out: str, tp: int, kept: int) -> None:
     """A torchrun rank: the trainer's mesh, then one real optimizer step (2 micro-batches) of the plan's code."""
     from titanloop.train.config import load_config
     from titanloop.train.memory_plan import measure_step
     from titanloop.train.startup import init_mesh, param_dtype
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = load_config(DEBUG, _overrides(world, tp), world_size=world)
+    cfg = load_config(DEBUG, _overrides(world, tp, kept), world_size=world)
     mesh = init_mesh(cfg)
     dtype = param_dtype(cfg, "cpu")
     assert dtype == torch.bfloat16
@@ -83,12 +86,12 @@ def _worker(out: str, tp: int) -> None:
         Path(out).write_text(json.dumps({"measured": measured, "tracked": tracked["Total"], "rows": tracked}))
 
 
-def _plan(world: int, tp: int):
+def _plan(world: int, tp: int, kept: int):
     """The dry run's memory plan (fake backend, in this process)."""
     from titanloop.train.config import load_config
     from titanloop.train.dry_run import dry_run
 
-    cfg = load_config(DEBUG, _overrides(world, tp), world_size=world)
+    cfg = load_config(DEBUG, _overrides(world, tp, kept), world_size=world)
     report = dry_run(cfg, world, memory_plan=True)
     assert "peak" in report.text()
     return report.memory_plan
@@ -107,17 +110,18 @@ def test_optimizer_memory_is_the_two_moments_and_one_micro_batch_peaks_in_backwa
         assert plan.rows["activations"] > 0, plan.rows  # the peak is in the backward, not at the optimizer step
 
 
-@pytest.mark.parametrize("world,tp", [(1, 1), (2, 1), (2, 2)])  # (2, 2): tensor parallel, dp 1 x tp 2
-def test_plan_matches_measured_peak(world, tp, tmp_path):
+# (2, 2, 0): tensor parallel, dp 1 x tp 2; (1, 1, 2): per-loop AC with the first 2 of 4 loops kept
+@pytest.mark.parametrize("world,tp,kept", [(1, 1, 0), (2, 1, 0), (2, 2, 0), (1, 1, 2)])
+def test_plan_matches_measured_peak(world, tp, kept, tmp_path):
     out = tmp_path / "peak.json"
-    run(world, __file__, str(out), str(tp), env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+    run(world, __file__, str(out), str(tp), str(kept), env={"MALLOC_MMAP_THRESHOLD_": "65536"})
     real = json.loads(out.read_text())
-    memory_plan = _plan(world, tp)
+    memory_plan = _plan(world, tp, kept)
     plan, rss, tracked = memory_plan.peak, real["measured"], real["tracked"]
     one_moment = memory_plan.rows["parameters (sharded)"]  # exp_avg (or exp_avg_sq): fp32, sharded as the params
     print(
-        f"world {world}, tp {tp}: plan {plan / 1e6:.1f} MB ({plan / rss - 1:+.1%}), measured RSS peak "
-        f"{rss / 1e6:.1f} MB, tracked on real tensors {tracked / 1e6:.1f} MB ({tracked / rss - 1:+.1%}); plan "
+        f"world {world}, tp {tp}, kept loops {kept}: plan {plan / 1e6:.1f} MB ({plan / rss - 1:+.1%}), measured RSS "
+        f"peak {rss / 1e6:.1f} MB, tracked on real tensors {tracked / 1e6:.1f} MB ({tracked / rss - 1:+.1%}); plan "
         f"without one Adam moment {(plan - one_moment) / 1e6:.1f} MB ({(plan - one_moment) / rss - 1:+.1%})"
     )
     assert abs(tracked - rss) <= PLAN_BAND * rss, (tracked, rss)  # the tracker and the OS see the same peak
@@ -126,7 +130,7 @@ def test_plan_matches_measured_peak(world, tp, tmp_path):
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], int(sys.argv[2]))
+    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 
 
 def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled(monkeypatch):
@@ -149,6 +153,10 @@ def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled(monkeypat
     cfg, compiled = plan("--parallelism.compile", "true")
     saving = compiled_saving_bytes(cfg)
     assert saving > 0 and cfg.parallelism.activation_checkpoint == "loop"
+    # the first loop kept too: its layers' saved tensors are live at the peak beside the recomputed loop's
+    kept_args = [*OVERRIDES, "--parallelism.compile", "true", "--parallelism.ac_kept_loops", "1"]
+    cfg_kept = load_config(DEBUG, kept_args, world_size=1)
+    assert compiled_saving_bytes(cfg_kept) == 2 * saving
     assert compiled.peak == eager.peak - saving
     assert compiled.rows["activations"] == eager.rows["activations"] - saving
     assert any(n.startswith(f"compiled: {saving / 1e9:.2f} GB fewer") for n in compiled.notes), compiled.notes

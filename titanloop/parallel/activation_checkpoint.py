@@ -9,6 +9,11 @@
 - "loop": `model.loop_wrapper` runs each application of the looped block (loop_step) under
   torch.utils.checkpoint; only the T loop inputs are saved, everything inside the stack is recomputed.
   This is the cheaper-in-memory choice for deep loops; the model itself stays unchanged.
+  `kept_loops` = k (`parallelism.ac_kept_loops`) runs the first k loops without checkpointing: they keep their
+  activations and backward recomputes only the other T - k loops. The peak (the backward of the first
+  recomputed loop) holds k loops' activations plus one loop's recompute, whatever T a loop sampler draws, so k
+  trades memory for recompute in steps of one loop, between "loop" (k = 0) and "none" (k >= T). The dry run's
+  memory plan says what a k costs.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import functools
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from titanloop.config_errors import require_choice
+from titanloop.config_errors import require, require_choice
 from titanloop.model import LoopLM
 
 
@@ -27,8 +32,41 @@ from titanloop.model import LoopLM
 AC_MODES = ("none", "selective", "layer", "loop")
 
 
+def check_kept_loops(mode: str, kept_loops: int) -> None:
+    """One-line ConfigError for a parallelism.ac_kept_loops that does not apply."""
+    require(kept_loops >= 0, "parallelism.ac_kept_loops", kept_loops, "an integer >= 0")
+    require(
+        kept_loops == 0 or mode == "loop",
+        "parallelism.ac_kept_loops",
+        kept_loops,
+        f"0 with parallelism.activation_checkpoint={mode!r} (it is the number of loops that per-loop AC leaves "
+        "unrecomputed: set activation_checkpoint='loop' to use it)",
+    )
+
+
 def _checkpointed(fn):
     return functools.partial(checkpoint, fn, use_reentrant=False)
+
+
+def _checkpointed_after(kept_loops: int):
+    """A loop_wrapper that checkpoints loop_step(x, t, ...) for loops t >= kept_loops only (t counts from 0)."""
+
+    def wrap(fn):
+        checkpointed = _checkpointed(fn)
+
+        def step(x, t, *args):
+            return fn(x, t, *args) if t < kept_loops else checkpointed(x, t, *args)
+
+        return step
+
+    return wrap
+
+
+def describe(mode: str, kept_loops: int = 0) -> str:
+    """The AC policy as the startup line and the dry run name it, e.g. "loop (first 2 loops kept)"."""
+    if mode == "loop" and kept_loops:
+        return f"loop (first {kept_loops} loop{'s' if kept_loops > 1 else ''} kept)"
+    return mode
 
 
 # Ops whose outputs selective AC keeps (by name, so that every torch version's and kernel's variants match): the
@@ -52,11 +90,13 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
-def apply_activation_checkpointing(model: LoopLM, mode: str) -> None:
-    """mode: 'none' | 'selective' | 'layer' | 'loop' (see the module docstring)."""
+def apply_activation_checkpointing(model: LoopLM, mode: str, kept_loops: int = 0) -> None:
+    """mode: 'none' | 'selective' | 'layer' | 'loop'; kept_loops: with 'loop', how many first loops are not
+    checkpointed (see the module docstring)."""
     require_choice(mode, "parallelism.activation_checkpoint", AC_MODES)
+    check_kept_loops(mode, kept_loops)
     if mode == "loop":
-        model.loop_wrapper = _checkpointed
+        model.loop_wrapper = _checkpointed_after(kept_loops) if kept_loops else _checkpointed
     elif mode in ("layer", "selective"):
         kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
         for stack in (model.prelude, model.layers, model.coda):

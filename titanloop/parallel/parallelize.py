@@ -27,6 +27,7 @@ def parallelize_looplm(
     tp_mesh: DeviceMesh | None = None,
     sequence_parallel: bool = True,
     activation_checkpoint: str = "none",
+    ac_kept_loops: int = 0,
     compile: bool = False,
     compile_backend="inductor",
     param_dtype=torch.float32,
@@ -43,7 +44,7 @@ def parallelize_looplm(
     apply_float8(model, float8, emulate=float8_emulate, compile=compile, filter=float8_filter)
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(model, tp_mesh or parallel_dims.get_mesh("tp"), sequence_parallel)
-    apply_activation_checkpointing(model, activation_checkpoint)
+    apply_activation_checkpointing(model, activation_checkpoint, ac_kept_loops)
     if compile:
         apply_compile(model, compile_backend, compile_fullgraph)
     apply_fsdp(model, parallel_dims.get_mesh("fsdp"), param_dtype, reduce_dtype, reshard_looped)

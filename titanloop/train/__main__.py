@@ -116,9 +116,11 @@ def print_summary(run) -> None:
 def speed_settings(run) -> str:
     """One line with what decides the speed: precision (float8: what was converted and how weights are
     all-gathered), activation checkpointing, sequences per step and the optimizer's implementation."""
+    from titanloop.parallel.activation_checkpoint import describe as describe_ac
     from titanloop.parallel.float8 import float8_summary  # (CLI: loads with the trainer, after the config check)
 
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
+    ac = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
     f8 = cfg.float8.recipe
     precision = float8_summary(run.engine.model, f8) if f8 != "off" else "float8 off (bf16 matmuls)"
     if mesh.device_type != "cuda" and f8 != "off":
@@ -128,7 +130,7 @@ def speed_settings(run) -> str:
         implementation = "foreach (DeepSpeed)"
     return (
         f"speed: {run.param_dtype} params, {precision} | activation checkpointing "
-        f"{cfg.parallelism.activation_checkpoint} | {t.micro_batch_size} sequence(s) of {t.seq_len} per rank per "
+        f"{ac} | {t.micro_batch_size} sequence(s) of {t.seq_len} per rank per "
         f"micro-batch, {run.dataloader.grad_accum_at(0)} micro-batch(es) per step | compile {cfg.parallelism.compile} "
         f"| optimizer {cfg.optimizer.name} {implementation}"
     )

@@ -28,6 +28,7 @@ from titanloop.config_errors import cli_errors, require
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.data.shards import is_remote
 from titanloop.objectives import LoopSampler
+from titanloop.parallel.activation_checkpoint import describe as describe_ac
 from titanloop.parallel.float8 import float8_summary
 from titanloop.recipe import stages
 from titanloop.train.config import TrainConfig, load_config, validate_layout
@@ -267,6 +268,7 @@ def dry_run(
         optimizers = build_optimizer(cfg.optimizer, model, tp, "cuda")  # as on the GPUs
         lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, cfg.training.steps, optimizers)
         m = cfg.looplm
+        ac = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
         report.add(
             f"{cfg.source or 'config'} at world size {world_size}: mesh dp_shard {dp} x tp {tp} "
             f"(fake backend, rank 0 of {world_size})"
@@ -275,7 +277,7 @@ def dry_run(
         report.add(
             f"{what}: {n_params / 1e9:.3f}B parameters, {m.n_layers} looped layers x "
             f"hidden {m.hidden_size}, built on meta, FSDP2{' + TP' if tp > 1 else ''}, AC "
-            f"{cfg.parallelism.activation_checkpoint}, compile {cfg.parallelism.compile}, {dtype} "
+            f"{ac}, compile {cfg.parallelism.compile}, {dtype} "
             f"compute; optimizer {cfg.optimizer.name} over {sum(1 for _ in model.parameters())} tensors"
         )
         if cfg.float8.recipe != "off":

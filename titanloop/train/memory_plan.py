@@ -353,7 +353,8 @@ def layer_saved_bytes_per_token(
 
 def compiled_layer_calls(cfg: TrainConfig) -> int | None:
     """The decoder-layer calls of one micro-batch whose saved tensors are live at a compiled step's peak: every
-    looped layer call without AC, one loop's layers with per-loop AC (its recompute). None where this is not modeled
+    looped layer call without AC; with per-loop AC one loop's layers (its recompute) plus those of the loops it keeps
+    (parallelism.ac_kept_loops), all of them once it keeps every loop. None where this is not modeled
     (other AC policies, tensor parallelism, prelude or coda layers). 0 for exit-gate Stage II, whose trunk is frozen
     (titanloop.train.startup): its layer calls save nothing for backward, compiled or not."""
     if cfg.objective.name == "stage2_gate":
@@ -362,7 +363,9 @@ def compiled_layer_calls(cfg: TrainConfig) -> int | None:
     model = cfg.model.shape(n_loops)
     if cfg.parallelism.tp > 1 or model.n_prelude_layers or model.n_coda_layers:
         return None
-    return {"none": model.n_layers * n_loops, "loop": model.n_layers}.get(cfg.parallelism.activation_checkpoint)
+    live_loops = {"none": n_loops, "loop": min(n_loops, 1 + cfg.parallelism.ac_kept_loops)}
+    loops = live_loops.get(cfg.parallelism.activation_checkpoint)
+    return None if loops is None else model.n_layers * loops
 
 
 def compile_saving_bytes(cfg: TrainConfig, per_token: tuple[float, float]) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from titanloop.config_errors import require, require_choice
-from titanloop.parallel.activation_checkpoint import AC_MODES
+from titanloop.parallel.activation_checkpoint import AC_MODES, check_kept_loops
 from titanloop.parallel.float8 import Float8Section
 from titanloop.parallel.fsdp import RESHARD_LOOPED
 from titanloop.recipe.schedule_checks import check_schedule
@@ -84,6 +84,9 @@ class ParallelismSection:
     # none | selective (per layer: matmul and attention outputs saved, the rest recomputed) | layer (each layer's
     # input saved, its internals recomputed) | loop (each loop's input saved, the whole stack recomputed)
     activation_checkpoint: str = "none"
+    # with activation_checkpoint = "loop": the first k loops are not checkpointed (they keep their activations, and
+    # backward recomputes only the other T - k); between "loop" (0) and "none" (>= T) in steps of one loop
+    ac_kept_loops: int = 0
     compile: bool = False  # torch.compile each decoder layer (compiled once, reused for every loop)
     compile_backend: str = "inductor"
 
@@ -97,6 +100,7 @@ class ParallelismSection:
         require(self.tp >= 1, "parallelism.tp", self.tp, "an integer >= 1")
         require_choice(self.reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
         require_choice(self.activation_checkpoint, "parallelism.activation_checkpoint", AC_MODES)
+        check_kept_loops(self.activation_checkpoint, self.ac_kept_loops)
         require_choice(self.engine, "parallelism.engine", ENGINES)
         if self.engine == "deepspeed":
             check_zero_settings(self.zero_stage, self.zero_offload)

@@ -345,7 +345,7 @@ def build_deepspeed_engine(
     the full model from the seed (then `load_weights`, e.g. a previous stage's), the same AdamW and LR schedule as
     FSDP2, deepspeed.initialize."""
     p = e.parallelism
-    apply_activation_checkpointing(model, p.activation_checkpoint)
+    apply_activation_checkpointing(model, p.activation_checkpoint, p.ac_kept_loops)
     init_weights(model, device, load_weights)  # the full (unsharded) model from the seed, as FSDP2's shards
     model.train()
     optimizer = getattr(torch.optim, e.optimizer.name)(model.parameters(), **e.optimizer.kwargs(), foreach=True)

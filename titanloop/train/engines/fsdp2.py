@@ -76,6 +76,7 @@ def parallelize(
         tp_mesh=mesh.tp_mesh,
         sequence_parallel=p.sequence_parallel,
         activation_checkpoint=p.activation_checkpoint,
+        ac_kept_loops=p.ac_kept_loops,
         compile=p.compile,
         compile_backend=p.compile_backend,
         param_dtype=param_dtype,
