@@ -3,14 +3,15 @@
 Three parts, each through a real entry point (`torchrun -m titanloop.train` with overrides of
 train_configs/debug.toml, built by scripts/gpu_check.py's `train_args`; torchtitan's own `torchtitan.train.main`):
 
- 1. The matrix at the Ouro-1.4B shape (`--model.preset ouro-1.4b`, vocab 49152, 4096 tokens/sequence, T = 4,
-    FSDP2 world 1, compile, document masking): sequences per step (micro-batch) x activation-checkpoint policy
-    (`--parallelism.activation_checkpoint`) x precision (`--float8.recipe off|tensorwise|rowwise`), then T = 8 for
-    the fastest T = 4 setting. Each row: tokens/s/GPU (median over the logged steps after the warm-up, from
-    metrics.jsonl, with `--metrics.breakdown false` so that the step timer adds no barriers), MFU (the trainer's
-    own `mfu`, every loop counted), peak GiB (`max_mem_gib`), or why there is no number: out of memory (a row,
-    not a crash), a value this trainer does not accept (checked with titanloop.train.config.load_config before
-    launching, e.g. an AC policy or `--optimizer.implementation` not yet there), the time budget, a failure.
+ 1. The matrix at the Ouro-1.4B shape (`--model.preset ouro-1.4b`, vocab 49152, 4096 tokens/sequence, T = 4, FSDP2
+    world 1, compile, document masking): sequences per step (micro-batch) x activation-checkpoint policy
+    (`--parallelism.activation_checkpoint`, and per-loop AC keeping its first loops, `--parallelism.ac_kept_loops`)
+    x precision (`--float8.recipe off|tensorwise|rowwise`), then T = 8 for the fastest T = 4 setting. Each row:
+    tokens/s/GPU (median over the logged steps after the warm-up, from metrics.jsonl, with `--metrics.breakdown
+    false` so that the step timer adds no barriers), MFU (the trainer's own `mfu`, every loop counted), peak GiB
+    (`max_mem_gib`), or why there is no number: out of memory (a row, not a crash), a value this trainer does not
+    accept (checked with titanloop.train.config.load_config before launching, e.g. an AC policy or
+    `--optimizer.implementation` not yet there), the time budget, a failure.
  2. A profile: the first row (the shipped setting) runs 2 more steps under `--profiling.enable true` (titanloop's
     torch.profiler callback; those steps are left out of its throughput). The chrome trace is summarized here
     (top CUDA kernels by total time; share of the GPU timeline in GEMM / attention / elementwise / NCCL /
@@ -143,14 +144,18 @@ class Setting:
 
 
 SHIPPED = Setting(SHIPPED_MB, SHIPPED_AC)
-# The default matrix, in priority order (each row's estimate must fit what is left of --budget-s).
+# per-loop AC that keeps the first k loops (parallelism.ac_kept_loops): recomputes T - k loops
+KEPT_LOOPS = "parallelism.ac_kept_loops"
+# The default matrix, in priority order (each row's estimate must fit what is left of --budget-s). The two rows
+# after float8 are the AC policies between per-loop and none that fit 2 x 4K at T = 4 in the memory plan
+# (selective: 58.6 GiB planned eager; 2 loops kept: ~60 GiB; none: 72.6 GiB, too close to 80 GB to try).
 DEFAULT_MATRIX = [
     SHIPPED,
     Setting(SHIPPED_MB, SHIPPED_AC, "tensorwise"),
     Setting(SHIPPED_MB, SHIPPED_AC, "rowwise"),
-    Setting(1, "none"),
     Setting(SHIPPED_MB, "selective"),
-    Setting(1, SHIPPED_AC),
+    Setting(SHIPPED_MB, "loop", extra=((KEPT_LOOPS, "2"),)),
+    Setting(1, "none"),
 ]
 # --full: every micro-batch x AC policy x precision, and both optimizer implementations (where the trainer has them)
 FULL_MATRIX = [SHIPPED] + [
@@ -159,6 +164,7 @@ FULL_MATRIX = [SHIPPED] + [
     if s != SHIPPED
 ]
 FULL_MATRIX += [Setting(SHIPPED_MB, SHIPPED_AC, extra=(("optimizer.implementation", i),)) for i in ("foreach", "fused")]
+FULL_MATRIX += [Setting(SHIPPED_MB, "loop", extra=((KEPT_LOOPS, str(k)),)) for k in (1, 2, 3)]
 SMOKE_MATRIX = [
     Setting(2, "loop"),
     Setting(1, "none"),

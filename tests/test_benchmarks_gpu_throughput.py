@@ -243,7 +243,13 @@ def test_default_matrix_fits_one_call_of_eight_minutes():
     assert jobs[0].setting == gt.SHIPPED == gt.Setting(2, "loop", "off", 4)  # train_configs/ouro_1p4b.toml
     full = gt.build_plan(ctx, gt.FULL_MATRIX, profile=True, dense=True, always_titanloop_dense=True)
     assert gt.plan_estimate_s(ctx, full) > 3 * gt.CALL_S  # --full does not fit one call (it has no budget)
-    assert len(gt.FULL_MATRIX) == len(gt.PRECISIONS) * len(gt.MICRO_BATCHES) * len(gt.AC_POLICIES) + 2
+    # + both optimizer implementations + per-loop AC keeping 1, 2 or 3 of the 4 loops
+    assert len(gt.FULL_MATRIX) == len(gt.PRECISIONS) * len(gt.MICRO_BATCHES) * len(gt.AC_POLICIES) + 2 + 3
+    kept = [s for s in gt.DEFAULT_MATRIX if s.extra == ((gt.KEPT_LOOPS, "2"),)]
+    assert kept and kept[0].overrides() == [
+        *("--parallelism.activation_checkpoint", "loop"),
+        *("--parallelism.ac_kept_loops", "2"),
+    ]
 
 
 def test_step_and_job_estimates_follow_the_time_model():
