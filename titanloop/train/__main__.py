@@ -116,8 +116,9 @@ def print_summary(run) -> None:
 def speed_settings(run) -> str:
     """One line with what decides the speed: precision (float8: what was converted and how weights are
     all-gathered), activation checkpointing, sequences per step and the optimizer's implementation."""
+    # (CLI: these load with the trainer, after the config check)
     from titanloop.parallel.activation_checkpoint import describe as describe_ac
-    from titanloop.parallel.float8 import float8_summary  # (CLI: loads with the trainer, after the config check)
+    from titanloop.parallel.float8 import float8_summary
 
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
     ac = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
