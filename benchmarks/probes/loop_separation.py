@@ -26,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # this checkout's benchmarks package, when run as a script
+
+from benchmarks.report import measured_commit  # noqa: E402
 
 # the learning row's task (motifs from 64 ids) at debug-small, as in the session-3 CPU probe
 BASE = [
@@ -122,7 +125,7 @@ def main() -> None:
     seeds = [int(s) for s in a.seeds.split(",") if s]
     todo = [(v, s) for v in variants for s in seeds]
     print(f"{len(todo)} runs of {a.steps} steps, {a.jobs} at once", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = measured_commit("loop_separation")  # HEAD, with a warning when the checkout has uncommitted changes
     runs: list[dict] = []
     for path in a.merge:
         if not Path(path).is_file():
