@@ -103,7 +103,8 @@ KNOWN_STALE: dict[str, str] = {
     "gpu_throughput": "measured on the H100 at 6326f59, before the LM head's gradient became a bf16 GEMM on CUDA "
     "(9da3032, the profile's largest item), before the torchtitan compat fix for its failed dense run, and before "
     "its default matrix gained per-loop AC with kept loops (ac_kept_loops, 85208d6) and put the AC rows before "
-    "rowwise: all wait for the next GPU session; gpu_check.py's later changes are to verdicts it does not use",
+    "rowwise, and its T = 8 row took only per-loop or per-layer AC rows: all wait for the next GPU session; "
+    "gpu_check.py's later changes are to verdicts it does not use",
 }
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.

@@ -314,17 +314,35 @@ def test_run_plan_skips_what_does_not_fit_falls_back_and_runs_t8_of_the_fastest(
     assert len(lines) == 6 and lines[0].startswith("[1/5]") and lines[-1].startswith("[6/6]")
 
 
-def test_run_plan_without_budget_runs_t8_of_the_fastest_row(monkeypatch, tmp_path):
+def test_run_plan_without_budget_runs_t8_of_the_fastest_row_that_holds_as_many_loops(monkeypatch, tmp_path):
     ctx = gt.smoke_context(workdir=tmp_path, artifacts=tmp_path / "art")
+    kept = {k: gt.Setting(2, "loop", extra=((gt.KEPT_LOOPS, str(k)),)) for k in (3, 4)}
+    speed = {gt.Setting(1, "none"): 9.0, gt.Setting(2, "selective"): 8.0, kept[4]: 7.0, gt.Setting(2, "loop"): 3.0}
 
     def titanloop(ctx, job, remaining):
-        tok = {gt.Setting(1, "none"): 5.0, gt.Setting(2, "loop"): 3.0}.get(job.setting, 1.0)
-        return gt._row(job, "titanloop", "ok" if job.setting.ac != "x" else "oom", tokens_per_s_gpu=tok)
+        return gt._row(
+            job, "titanloop", "ok" if job.setting.ac != "x" else "oom", tokens_per_s_gpu=speed.get(job.setting, 1.0)
+        )
 
     monkeypatch.setattr(gt, "run_titanloop", titanloop)
-    jobs = [gt.Job("matrix", s) for s in (gt.Setting(2, "loop"), gt.Setting(1, "none"), gt.Setting(4, "x"))]
+    settings = [gt.Setting(2, "loop"), *speed, kept[3], gt.Setting(4, "x")]
+    jobs = [gt.Job("matrix", s) for s in dict.fromkeys(settings)]
     pairs = gt.run_plan(ctx, jobs, t8=True, log=lambda line: None)
-    assert pairs[-1][0].setting == gt.Setting(1, "none", n_loops=8)
+    # no AC, selective and 4 kept loops hold more loops at T = 8 than at T = 4 (out of memory there at 4K)
+    assert pairs[-1][0].setting == gt.Setting(2, "loop", n_loops=8)
+    speed[kept[3]] = 5.0  # 3 kept + 1 recomputed: 4 loops at T = 4 and at T = 8
+    pairs = gt.run_plan(ctx, jobs, t8=True, log=lambda line: None)
+    assert pairs[-1][0].setting == dataclasses.replace(kept[3], n_loops=8)
+
+
+def test_loops_held_follows_the_ac_policy():
+    held = {
+        s.label: (gt.loops_held(s, 4), gt.loops_held(s, 8))
+        for s in (gt.Setting(2, "loop"), gt.Setting(2, "layer"), gt.Setting(2, "none"), gt.Setting(2, "selective"))
+    }
+    assert list(held.values()) == [(1, 1), (1, 1), (4, 8), (4, 8)]
+    kept = [gt.loops_held(gt.Setting(2, "loop", extra=((gt.KEPT_LOOPS, str(k)),)), 8) for k in (0, 2, 7, 9)]
+    assert kept == [1, 3, 8, 8]
 
 
 # ----- the trainer's config decides what is supported
