@@ -1,0 +1,83 @@
+"""scripts/ac_kept_loops.py: the largest parallelism.ac_kept_loops whose memory plan fits, found by bisection over
+real dry-run plans (train_configs/debug.toml at world size 2: a few seconds per plan)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "ac_kept_loops.py"
+_spec = importlib.util.spec_from_file_location("ac_kept_loops_script", SCRIPT)
+akl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(akl)
+CONFIG = "train_configs/debug.toml"
+LOOP_AC = ["--parallelism.activation_checkpoint", "loop"]
+
+
+@pytest.mark.parametrize("n_loops", [1, 4, 8])
+def test_bisection_finds_the_largest_fitting_k_with_few_plans(n_loops):
+    for limit in range(-1, n_loops + 1):  # fits(k) iff k <= limit (-1: nothing fits)
+        tried = []
+
+        def fits(k):
+            tried.append(k)
+            return k <= limit
+
+        best, seen = akl.largest_fitting(n_loops, fits)
+        assert best == (limit if limit >= 0 else None)
+        assert len(tried) == len(set(tried)) == len(seen) <= (n_loops + 2).bit_length()
+
+
+def test_keeping_every_loop_is_no_activation_checkpointing():
+    assert akl.kept_overrides(2, 4) == ["--parallelism.ac_kept_loops", "2"]
+    assert akl.kept_overrides(4, 4)[:2] == ["--parallelism.activation_checkpoint", "none"]
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "plans.json"
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--config", CONFIG, "--world-size", "2", *LOOP_AC, *args, "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return r, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_the_script_reports_the_largest_k_whose_real_plan_fits(tmp_path):
+    # every k's plan, the script's way (0 GB reserve: the debug model's plans are a few MB)
+    everything, doc = _run(tmp_path, "--gpu-mem-gb", "1000", "--reserve-gb", "0")
+    assert everything.returncode == 0, everything.stderr
+    assert "every loop fits" in everything.stdout and doc["largest"] == doc["n_loops"] == 4
+    peaks = {}
+    for k in range(5):  # the plans the bisection did not need
+        peaks[k] = akl.dry_run(
+            akl.load_config(CONFIG, [*LOOP_AC, *akl.kept_overrides(k, 4)], world_size=2), 2, memory_plan=True
+        ).memory_plan.peak
+    assert all(peaks[k] < peaks[k + 1] for k in range(4)), peaks  # each kept loop holds more: the bisection's premise
+    limit_gb = (peaks[2] + peaks[3]) / 2 / 1e9  # k = 2 fits, k = 3 does not
+    r, doc = _run(tmp_path, "--gpu-mem-gb", repr(limit_gb), "--reserve-gb", "0")
+    assert r.returncode == 0, r.stderr
+    assert "largest that fits: --parallelism.ac_kept_loops 2" in r.stdout
+    assert "recomputes 2 of 4 loops" in r.stdout
+    assert doc["largest"] == 2 and {p["kept_loops"]: p["peak_bytes"] for p in doc["plans"]} == {
+        2: peaks[2],
+        3: peaks[3],
+    }
+    assert r.stdout.count("does NOT fit") == 1 and r.stdout.count(" fits in ") == 1  # one line per plan, as it runs
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    r, _ = _run(tmp_path, "--parallelism.activation_checkpoint", "none")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: parallelism.activation_checkpoint='none' is invalid") and "'loop'" in r.stderr
+    r, doc = _run(tmp_path, "--gpu-mem-gb", "1")  # the 4 GB reserve alone does not fit
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not even per-loop AC" in r.stderr
+    assert doc["largest"] is None and [p["kept_loops"] for p in doc["plans"]] == [0, 2]
