@@ -10,7 +10,10 @@ memory of `activation_checkpoint = "none"`), and reports the largest k whose pla
 plan's reserve. The plan grows with k, so a bisection over 0..T plans ceil(log2(T + 2)) of them (about 2 minutes
 each for the 1.4B at world size 128 on 2 CPU cores); each plan is printed as it finishes.
 
-Exit 0 with the setting to use; 2 with one line when the config is not per-loop AC or not even k = 0 fits.
+Whatever AC the config sets, the plans are of per-loop AC with k kept loops. `--margin 0.1` also keeps 10% of the
+planned peak free, for a setting whose plan has not been checked against a GPU's measured peak (the stage configs'
+AC was chosen so). Exit 0 with the setting to use; 2 with one line when not even k = 0 fits or an argument is
+invalid.
 
     python scripts/ac_kept_loops.py --config train_configs/stage1a.toml --world-size 128
     python scripts/ac_kept_loops.py --config train_configs/ouro_1p4b.toml --world-size 1 --training.micro_batch_size 1
@@ -32,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from titanloop.config_errors import ConfigError, cli_errors, require  # noqa: E402
+from titanloop.parallel.activation_checkpoint import describe as describe_ac  # noqa: E402
 from titanloop.train.config import load_config  # noqa: E402
 from titanloop.train.dry_run import dry_run  # noqa: E402
 
@@ -40,9 +44,8 @@ GB = 1e9
 
 def kept_overrides(k: int, n_loops: int) -> list[str]:
     """The overrides that keep the first k of n_loops loops (k = n_loops: no activation checkpointing at all)."""
-    if k >= n_loops:
-        return ["--parallelism.activation_checkpoint", "none", "--parallelism.ac_kept_loops", "0"]
-    return ["--parallelism.ac_kept_loops", str(k)]
+    mode = "none" if k >= n_loops else "loop"
+    return ["--parallelism.activation_checkpoint", mode, "--parallelism.ac_kept_loops", str(0 if k >= n_loops else k)]
 
 
 def largest_fitting(n_loops: int, fits) -> tuple[int | None, dict[int, bool]]:
@@ -67,6 +70,13 @@ def parse_args(argv):
     ap.add_argument("--world-size", type=int, required=True, help="the run's GPUs (nodes x GPUs per node)")
     ap.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory per GPU in GB (default 80: H100)")
     ap.add_argument("--reserve-gb", type=float, default=4.0, help="GB per GPU kept free (default 4, the plan's)")
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=0.0,
+        help="also keep this fraction of the planned peak free (e.g. 0.1 for a plan not yet checked on the GPU "
+        "at this setting; default 0: the plan's own rule)",
+    )
     ap.add_argument("--json", default=None, help="also write every plan made (k, peak GB, fits) to this file")
     return ap.parse_known_args(argv)
 
@@ -75,18 +85,13 @@ def parse_args(argv):
 def main(argv=None) -> int:
     a, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     require(a.world_size >= 1, "--world-size", a.world_size, "an integer >= 1 (nodes x GPUs per node)")
+    require(0 <= a.margin < 1, "--margin", a.margin, "a fraction in [0, 1), e.g. 0.1")
     cfg = load_config(a.config, overrides, world_size=a.world_size)
-    mode = cfg.parallelism.activation_checkpoint
-    require(
-        mode == "loop",
-        "parallelism.activation_checkpoint",
-        mode,
-        "'loop' (ac_kept_loops applies to per-loop AC only: add --parallelism.activation_checkpoint loop)",
-    )
     n_loops = cfg.loop_sampler.bounds()[1]
+    now = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
     print(
-        f"{a.config} at world size {a.world_size}: per-loop AC, up to T = {n_loops} loops; planning k kept loops "
-        f"in 0..{n_loops} for {a.gpu_mem_gb:.0f} GB per GPU",
+        f"{a.config} at world size {a.world_size} (now: AC {now}), up to T = {n_loops} loops; planning per-loop AC "
+        f"with k kept loops, k in 0..{n_loops}, for {a.gpu_mem_gb:.0f} GB per GPU",
         flush=True,
     )
     plans: dict[int, dict] = {}
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
             memory_plan=True,
             gpu_mem_gb=a.gpu_mem_gb,
         ).memory_plan
-        plan = dataclasses.replace(plan, reserve_gb=a.reserve_gb)
+        plan = dataclasses.replace(plan, reserve_gb=a.reserve_gb + a.margin * plan.peak / GB)
         plans[k] = {"kept_loops": k, "peak_bytes": plan.peak, "peak_gb": round(plan.peak / GB, 2), "fits": plan.fits}
         what = "every loop kept (no AC)" if k >= n_loops else f"k = {k}"
         print(f"  {what}: {plan.verdict} ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -114,6 +119,7 @@ def main(argv=None) -> int:
                     "world_size": a.world_size,
                     "gpu_mem_gb": a.gpu_mem_gb,
                     "reserve_gb": a.reserve_gb,
+                    "margin": a.margin,
                     "n_loops": n_loops,
                     "largest": best,
                     "plans": [plans[k] for k in sorted(plans)],

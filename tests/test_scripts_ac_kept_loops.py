@@ -18,6 +18,7 @@ akl = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(akl)
 CONFIG = "train_configs/debug.toml"
 LOOP_AC = ["--parallelism.activation_checkpoint", "loop"]
+NO_AC = ["--parallelism.activation_checkpoint", "none"]
 
 
 @pytest.mark.parametrize("n_loops", [1, 4, 8])
@@ -35,8 +36,18 @@ def test_bisection_finds_the_largest_fitting_k_with_few_plans(n_loops):
 
 
 def test_keeping_every_loop_is_no_activation_checkpointing():
-    assert akl.kept_overrides(2, 4) == ["--parallelism.ac_kept_loops", "2"]
-    assert akl.kept_overrides(4, 4)[:2] == ["--parallelism.activation_checkpoint", "none"]
+    assert akl.kept_overrides(2, 4) == [
+        "--parallelism.activation_checkpoint",
+        "loop",
+        "--parallelism.ac_kept_loops",
+        "2",
+    ]
+    assert akl.kept_overrides(4, 4) == [
+        "--parallelism.activation_checkpoint",
+        "none",
+        "--parallelism.ac_kept_loops",
+        "0",
+    ]
 
 
 def _run(tmp_path, *args):
@@ -72,12 +83,18 @@ def test_the_script_reports_the_largest_k_whose_real_plan_fits(tmp_path):
         3: peaks[3],
     }
     assert r.stdout.count("does NOT fit") == 1 and r.stdout.count(" fits in ") == 1  # one line per plan, as it runs
+    # a margin of the planned peak kept free: the same limit now leaves k = 2 out, from a config without AC
+    margin = (limit_gb * 1e9 / peaks[2] - 1) * 1.01
+    r, doc = _run(tmp_path, "--gpu-mem-gb", repr(limit_gb), "--reserve-gb", "0", "--margin", repr(margin), *NO_AC)
+    assert r.returncode == 0, r.stderr
+    assert "(now: AC none)" in r.stdout and doc["largest"] == 1 and doc["margin"] == margin
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    r, _ = _run(tmp_path, "--parallelism.activation_checkpoint", "none")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1
-    assert r.stderr.startswith("error: parallelism.activation_checkpoint='none' is invalid") and "'loop'" in r.stderr
+    r, _ = _run(tmp_path, "--margin", "1.5")
+    assert r.returncode == 2 and r.stderr == "error: --margin=1.5 is invalid: expected a fraction in [0, 1), e.g. 0.1\n"
+    r, _ = _run(tmp_path, "--parallelism.ac_kept_loops", "-1")  # the config's own check, before any plan
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "ac_kept_loops=-1" in r.stderr
     r, doc = _run(tmp_path, "--gpu-mem-gb", "1")  # the 4 GB reserve alone does not fit
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not even per-loop AC" in r.stderr
     assert doc["largest"] is None and [p["kept_loops"] for p in doc["plans"]] == [0, 2]
