@@ -74,6 +74,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's titanloop and benchmarks, when 
 from benchmarks.report import measured_commit  # noqa: E402
 from benchmarks.torchtitan_dense import SPEC_ENV, DenseSpec  # noqa: E402
 from titanloop.model.config import LoopLMConfig, attended_keys_per_token, preset  # noqa: E402
+from titanloop.parallel.activation_checkpoint import live_loops  # noqa: E402
 
 
 def _load_gpu_check():
@@ -757,9 +758,8 @@ def loops_held(s: Setting, n_loops: int) -> int:
     each layer call's input, small), selective and none every loop's."""
     if s.ac == "layer":
         return 1
-    if s.ac == "loop":
-        return min(n_loops, 1 + int(dict(s.extra).get(KEPT_LOOPS, 0)))
-    return n_loops
+    held = live_loops(s.ac, n_loops, int(dict(s.extra).get(KEPT_LOOPS, 0)))
+    return n_loops if held is None else held
 
 
 def t8_candidate(job: Job) -> bool:

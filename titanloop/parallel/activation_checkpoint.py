@@ -44,6 +44,13 @@ def check_kept_loops(mode: str, kept_loops: int) -> None:
     )
 
 
+def live_loops(mode: str, n_loops: int, kept_loops: int = 0) -> int | None:
+    """How many loops' saved activations are live at backward's peak, in whole loops: every loop without AC; with
+    per-loop AC the loops it keeps plus the one it recomputes (_checkpointed_after). None for the policies that do
+    not hold whole loops (selective keeps part of every loop, layer one layer's)."""
+    return {"none": n_loops, "loop": min(n_loops, 1 + kept_loops)}.get(mode)
+
+
 def _checkpointed(fn):
     return functools.partial(checkpoint, fn, use_reentrant=False)
 

@@ -31,6 +31,7 @@ from titanloop.config_errors import require
 from titanloop.model.attention import rope_cos_sin
 from titanloop.model.config import LoopLMConfig
 from titanloop.model.looplm import DecoderLayer
+from titanloop.parallel.activation_checkpoint import live_loops
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.parallel.comm_count import count_collective_bytes
 from titanloop.train.config import TrainConfig
@@ -363,8 +364,7 @@ def compiled_layer_calls(cfg: TrainConfig) -> int | None:
     model = cfg.model.shape(n_loops)
     if cfg.parallelism.tp > 1 or model.n_prelude_layers or model.n_coda_layers:
         return None
-    live_loops = {"none": n_loops, "loop": min(n_loops, 1 + cfg.parallelism.ac_kept_loops)}
-    loops = live_loops.get(cfg.parallelism.activation_checkpoint)
+    loops = live_loops(cfg.parallelism.activation_checkpoint, n_loops, cfg.parallelism.ac_kept_loops)
     return None if loops is None else model.n_layers * loops
 
 
