@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import regen_command  # noqa: E402
 from benchmarks.report import measured_commit  # noqa: E402
 
+from titanloop.parallel.activation_checkpoint import describe as describe_ac  # noqa: E402
 from titanloop.train.config import load_config  # noqa: E402
 from titanloop.train.dry_run import fake_mesh, slurm_stages  # noqa: E402
 from titanloop.train.memory_plan import GB, plan_memory  # noqa: E402
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
                 f"dp {world // cfg.parallelism.tp} x tp {cfg.parallelism.tp}",
                 cfg.loop_sampler.n_loops,
                 t.seq_len,
-                cfg.parallelism.activation_checkpoint,
+                describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops),
                 t.micro_batch_size,
             ]
             + [f"{r[k] / GB:.1f}" for k in ROWS]

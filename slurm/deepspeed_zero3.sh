@@ -17,7 +17,8 @@
 #SBATCH --output=%x-%j.out
 STAGE=deepspeed_zero3
 STAGE_CONFIG=train_configs/stage1b_1p4b.toml
-# engine settings first: overrides given to sbatch come after them and win
+# engine settings first: overrides given to sbatch come after them and win. Per-loop AC: the stage 1b config keeps
+# every loop's activations, which its memory plan fits compiled under FSDP2; this engine runs eager, unplanned
 set -- --parallelism.engine deepspeed --parallelism.zero_stage 3 --parallelism.zero_offload optimizer \
-  --parallelism.compile false "$@"
+  --parallelism.compile false --parallelism.activation_checkpoint loop "$@"
 source "${TITANLOOP_REPO:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh"
