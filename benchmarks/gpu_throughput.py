@@ -96,7 +96,9 @@ PRECISIONS = ("off", "tensorwise", "rowwise")  # --float8.recipe
 MICRO_BATCHES = (1, 2, 4)
 # --parallelism.activation_checkpoint values to try; those the trainer does not accept (yet) become skipped rows
 AC_POLICIES = ("none", "layer", "loop", "selective", "auto")
-SHIPPED_MB, SHIPPED_AC = 2, "loop"  # train_configs/ouro_1p4b.toml (and every stage config): 2 x 4K, per-loop AC
+# train_configs/ouro_1p4b.toml: 2 x 4K, per-loop AC (the stage configs keep the loops their plan fits at their
+# sbatch size, docs/parallelism.md; one GPU holds the whole optimizer state, so this row keeps none)
+SHIPPED_MB, SHIPPED_AC = 2, "loop"
 SEQ_LEN, VOCAB, PRESET = 4096, 49152, "ouro-1.4b"
 LOOPED_LAYERS, COMPARE_MB, COMPARE_AC = 6, 2, "none"  # looped vs dense: 6 shared layers x T = 4, 2 x 4K, no AC
 
