@@ -1,12 +1,14 @@
-"""Multi-process tests of the trainer with real torchrun (gloo, CPU). Five launches are shared by all tests
+"""Multi-process tests of the trainer with real torchrun (gloo, CPU). Six launches are shared by all tests
 (each launch costs ~10 s of imports per process on the 2 CI cores):
 
-- loss parity: 1 process vs 2-process FSDP vs 2-process TP vs 4-process 2x2 FSDP x TP (same seed, same
-  global batch): the same loss and gradient norm at every one of 4 optimizer steps within LOSS_TOL and
+- loss parity: 1 process vs 2-process FSDP vs 2-process TP (also with per-loop AC keeping its first loop, as
+  stages 2 and 4 ship it) vs 4-process 2x2 FSDP x TP (same seed, same global batch): the same loss and
+  gradient norm at every one of 4 optimizer steps within LOSS_TOL and
   GRAD_NORM_RTOL (a few times the largest difference measured between layouts, docs/parallelism.md);
 - multi-node launch simulated on one machine: two torchrun launchers with --nnodes 2 (c10d rendezvous on
   127.0.0.1), one process each, match the single-launcher 2-process loss;
-- the collective counts of one step match docs/parallelism.md;
+- the collective counts of one step match docs/parallelism.md, and per-loop AC under TP reruns the forward
+  collectives of exactly the loops it recomputes;
 - NaN handling: after the parity window, the 2-process FSDP run gets a NaN loss on its last rank at step 5
   (skipped on every rank, training continues); the multi-node run gets NaNs at steps 5 and 6 and must stop
   on every rank with max_nan_steps=2 (no hang, one-line error, nonzero exit);
@@ -26,6 +28,7 @@ STEPS = 4  # parity window
 # differences measured over steps 1-4 were loss 6e-6 (abs; 7e-7 with the seeded init) and grad norm 4.7e-6
 # (relative): the tolerances are ~3x and ~10x those.
 LOSS_TOL = 2e-5
+KEPT = 1  # loops per-loop AC keeps in the AC layout
 GRAD_NORM_RTOL = 5e-5
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a real W&B key (40 hex chars)
 ENV = {"WANDB_API_KEY": FAKE_KEY}
@@ -63,6 +66,11 @@ def runs(tmp_path_factory):
         "2-proc FSDP": (2, {"training.steps": 6, "training.inject_nan_steps": [5], "metrics.wandb": "online"}),
         "2-proc TP": (2, {"parallelism.tp": 2}),
         "4-proc 2x2 FSDPxTP": (4, {"parallelism.tp": 2}),
+        # per-loop AC keeping its first loop, as stages 2 and 4 ship it: backward recomputes the other loops
+        "2-proc TP, AC loop 1 kept": (
+            2,
+            {"parallelism.tp": 2, "parallelism.activation_checkpoint": "loop", "parallelism.ac_kept_loops": KEPT},
+        ),
     }
     results = {"dirs": {}, "out": {}}
     for name, (nproc, extra) in layouts.items():
@@ -102,7 +110,7 @@ def test_layouts_match_single_process_loss_and_grad_norm_every_step(runs):
     ref = runs["1 proc"]
     assert ref[STEPS]["loss"] != ref[1]["loss"]  # the optimizer steps changed the model
     spread = {"loss": 0.0, "grad_norm": 0.0}
-    for name in ("2-proc FSDP", "2-proc TP", "4-proc 2x2 FSDPxTP"):
+    for name in ("2-proc FSDP", "2-proc TP", "4-proc 2x2 FSDPxTP", "2-proc TP, AC loop 1 kept"):
         for step in range(1, STEPS + 1):
             got, want = runs[name][step], ref[step]
             spread["loss"] = max(spread["loss"], abs(got["loss"] - want["loss"]))
@@ -141,6 +149,11 @@ def test_comm_counts_match_docs(runs):
     # the gate logits for the objective.
     assert tp["all_gather"] == micro_batches * (2 * 2 * n_layers * n_loops + 1 + 2 * n_loops + 1), tp
     assert tp["reduce_scatter"] == micro_batches * (2 * n_layers * n_loops + 1), tp
+    # per-loop AC reruns the forward of the T - KEPT loops it recomputes in backward, with their 2 all-gathers and
+    # 2 reduce-scatters per layer call (measured: 108 and 58 against 84 and 34); the readouts are not recomputed
+    kept = runs["2-proc TP, AC loop 1 kept"][STEPS]["comms"]
+    rerun = micro_batches * 2 * n_layers * (n_loops - KEPT)
+    assert kept == {**tp, "all_gather": tp["all_gather"] + rerun, "reduce_scatter": tp["reduce_scatter"] + rerun}, kept
     both = runs["4-proc 2x2 FSDPxTP"][STEPS]["comms"]  # TP counts for 1 micro-batch + the FSDP ones
     assert both["all_gather"] == tp["all_gather"] // 2 + 1 + n_layers, both
     assert both["reduce_scatter"] == tp["reduce_scatter"] // 2 + 1 + n_layers, both
