@@ -1,14 +1,24 @@
 """What several test files share besides launching (tests/launch.py): comparing a resumed run with an uninterrupted
-one bit for bit."""
+one bit for bit, and loading a script (scripts/, not a package) as a module."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from titanloop.checkpoint import layout
 from titanloop.checkpoint.safe_reader import read_dcp_entries
 
 from launch import metrics
+
+
+def load_script(path: Path, name: str):
+    """The script at `path` executed as a module named `name` (not registered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 TIMING_KEYS = {"tokens_per_s", "tflops", "mfu"}  # wall-clock figures (and time/...): not expected to repeat
 

@@ -12,7 +12,6 @@ per-chunk host copies, `--device` / `--dtype` in `python -m titanloop.eval`.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -33,15 +32,15 @@ from titanloop.interchange import export_ouro_hf
 from titanloop.model import LoopLM, preset
 from titanloop.objectives import IGNORE_INDEX
 
+from helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 STAT_FIELDS = ("ce", "correct", "margin", "ash_delta", "hidden_delta", "gate_logits", "row", "state_rms")
 
 
 # ----- the statistics as computed before issue 36 (every chunk copied into CPU tensors): the reference ---------
 # old_head_stats is scripts/gpu_eval_check.py's, which runs the same comparison on the GPU: one copy of the old code
-_spec = importlib.util.spec_from_file_location("gpu_eval_check_script", REPO / "scripts" / "gpu_eval_check.py")
-_gec = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_gec)
+_gec = load_script(REPO / "scripts" / "gpu_eval_check.py", "gpu_eval_check_script")
 old_head_stats = _gec.old_head_stats
 
 

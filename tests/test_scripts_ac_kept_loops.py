@@ -3,7 +3,6 @@ real dry-run plans (train_configs/debug.toml at world size 2: a few seconds per 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "ac_kept_loops.py"
-_spec = importlib.util.spec_from_file_location("ac_kept_loops_script", SCRIPT)
-akl = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(akl)
+akl = load_script(SCRIPT, "ac_kept_loops_script")
 CONFIG = "train_configs/debug.toml"
 LOOP_AC = ["--parallelism.activation_checkpoint", "loop"]
 NO_AC = ["--parallelism.activation_checkpoint", "none"]

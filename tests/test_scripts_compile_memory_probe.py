@@ -3,16 +3,15 @@ two settings it is about, and its command line explains itself and refuses a cal
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "compile_memory_probe.py"
-_spec = importlib.util.spec_from_file_location("compile_memory_probe_script", SCRIPT)
-probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe)
+probe = load_script(SCRIPT, "compile_memory_probe_script")
 
 
 def test_the_four_runs_differ_only_in_ac_and_compile():

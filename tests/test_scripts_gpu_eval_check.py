@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks import report
+from helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_eval_check.py"
@@ -92,12 +93,7 @@ def test_smoke_run_writes_every_row(tmp_path):
 
 
 def _module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_eval_check_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "gpu_eval_check_script")
 
 
 def test_budget_skips_rows_and_stops_subprocesses(tmp_path, monkeypatch):

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_session.py"
-_spec = importlib.util.spec_from_file_location("gpu_session_script", SCRIPT)
-gs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gs)
+gs = load_script(SCRIPT, "gpu_session_script")
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -3,17 +3,16 @@ results measured, as the code that launched them did, and refuses a missing resu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "plan_vs_gpu.py"
-_spec = importlib.util.spec_from_file_location("plan_vs_gpu_script", SCRIPT)
-pvg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pvg)
+pvg = load_script(SCRIPT, "plan_vs_gpu_script")
 
 
 def _arg(args: list[str], key: str) -> str | None:
