@@ -38,8 +38,7 @@ from titanloop.config_errors import ConfigError, cli_errors, require  # noqa: E4
 from titanloop.parallel.activation_checkpoint import describe as describe_ac  # noqa: E402
 from titanloop.train.config import load_config  # noqa: E402
 from titanloop.train.dry_run import dry_run  # noqa: E402
-
-GB = 1e9
+from titanloop.train.memory_plan import GB  # noqa: E402
 
 
 def kept_overrides(k: int, n_loops: int) -> list[str]:
