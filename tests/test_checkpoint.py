@@ -250,38 +250,72 @@ def test_crc_share_splits_the_bytes_over_ranks():
         assert max(loads) <= sum(sizes) / world + max(sizes), (world, loads)
 
 
-def _stage_dtensor_worker(rank: int, init_file: str, out_file: str):
+def _async_saves_on_a_2p11_stager_worker(rank: int, init_file: str, run_dir: str, out_file: str):
+    """Two async saves of an FSDP2 model through the Checkpointer, on DCP's stager made to behave as torch 2.11's:
+    its dispatch table lacks `type` when built and is emptied after every staging (2.11's DefaultStager calls
+    StateDictStager.close() in _stage). `rearm` = False keeps only the construction-time fix, as before 2026-11-28."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint import _state_dict_stager, staging
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.fsdp import fully_shard
 
-    from titanloop.checkpoint.checkpointer import stager_copies_classes
+    import titanloop.checkpoint.checkpointer as checkpointer
 
+    built, stage = _state_dict_stager.StateDictStager.__init__, staging.DefaultStager._stage
+
+    def init_2p11(self, *a, **k):
+        built(self, *a, **k)
+        self._deepcopy_dispatch.pop(type, None)
+
+    def stage_2p11(self, *a, **k):
+        out = stage(self, *a, **k)
+        self._state_dict_stager.close()
+        return out
+
+    _state_dict_stager.StateDictStager.__init__, staging.DefaultStager._stage = init_2p11, stage_2p11
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    results = []
     try:
-        x = distribute_tensor(torch.arange(16.0).view(4, 4), init_device_mesh("cpu", (1,)), [Shard(0)])
-        results = []
-        for fix in (False, True):
-            stager = DefaultStager(StagingOptions(False, False, False, False))
-            del stager._state_dict_stager._deepcopy_dispatch[type]  # torch 2.11's stager, which has no such entry
-            if fix:
-                stager_copies_classes(stager)
+        fix = checkpointer.stager_copies_classes
+        for rearm in (False, True):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+            fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+            assert isinstance(model[0].weight, torch.distributed.tensor.DTensor)
+            cfg = CheckpointConfig(interval=1, mode="async")
+            ckpt = checkpointer.Checkpointer(cfg, Path(run_dir) / str(rearm), states={"model": model})
+            if not rearm:  # the fix made once, when the Checkpointer built its stager, and not before each save
+                checkpointer.stager_copies_classes = lambda stager: stager
+            saved = []
             try:
-                staged = stager.stage({"w": x})["w"]
-                results.append(bool(torch.equal(staged.full_tensor(), x.full_tensor())))
+                for step in (1, 2):
+                    with torch.no_grad():
+                        model[0].weight.add_(1.0)
+                    ckpt.save(step)
+                    saved.append(step)
+                ckpt.close()
+                want = model[0].weight.full_tensor().clone()
+                fresh = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+                fully_shard(fresh, mesh=init_device_mesh("cpu", (1,)))
+                back = checkpointer.Checkpointer(cfg, Path(run_dir) / str(rearm), states={"model": fresh})
+                saved.append(back.load_latest() == 2 and torch.equal(fresh[0].weight.full_tensor(), want))
+                back.close()
             except KeyError as e:
-                results.append(f"KeyError {e}")
+                saved.append(f"KeyError {e}")
+            finally:
+                checkpointer.stager_copies_classes = fix
+            results.append(saved)
         Path(out_file).write_text(repr(results))
     finally:
         dist.destroy_process_group()
 
 
-def test_async_staging_copies_a_dtensor_on_a_stager_without_a_type_copier(tmp_path):
-    """torch 2.11's DCP stager raised KeyError: <class 'type'> on every FSDP2 async save (the H100 preemption
-    run); `stager_copies_classes` adds the copier 2.14 has. Without it the same staging fails here too."""
+def test_async_saves_survive_torch_2p11_stager_emptying_its_table(tmp_path):
+    """torch 2.11's DCP stager copies a DTensor's classes through a `type` entry that its table lacked and that
+    2.11 empties after every staging: the H100 preemption runs failed at the first (2026-11-27) and then the second
+    (2026-11-28) async save. The Checkpointer restores the table before every save; fixing it once is not enough."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "out.txt"
-    mp.spawn(_stage_dtensor_worker, args=(str(tmp_path / "init"), str(out)), nprocs=1)
-    assert out.read_text() == "[\"KeyError <class 'type'>\", True]"
+    mp.spawn(_async_saves_on_a_2p11_stager_worker, args=(str(tmp_path / "init"), str(tmp_path), str(out)), nprocs=1)
+    assert out.read_text() == "[[1, \"KeyError <class 'type'>\"], [1, 2, True]]"

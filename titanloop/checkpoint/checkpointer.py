@@ -54,16 +54,25 @@ def _copy_atomic(x, memo, non_blocking=False):  # called as (x, memo), or with n
 
 
 def stager_copies_classes(stager: DefaultStager) -> DefaultStager:
-    """Let DCP's stager copy class objects as they are, as torch 2.14's does.
+    """Let DCP's stager copy class objects as they are, as torch 2.14's does; call it before every staging.
 
-    A DTensor's copy goes through its __reduce_ex__, whose arguments hold classes (its placements' types).
-    torch 2.11's StateDictStager has no copier for `type` and raises KeyError: <class 'type'>, so every async
-    save of an FSDP2 model failed there (the first H100 preemption run, 2026-11-27); 2.14 maps `type` to an
-    atomic copy, and this adds the same entry where it is missing.
+    A DTensor's copy goes through its __reduce_ex__, whose arguments hold classes (its placements' types), and
+    the stager copies a class through the `type` entry of its dispatch table, read without a default. torch
+    2.11's DefaultStager empties that table (StateDictStager.close()) after every staging, so its second async
+    save of an FSDP2 model raised KeyError: <class 'type'> (the H100 preemption run, 2026-11-28, at step 10
+    after saving step 5). This puts back every entry the table was built with, plus `type` where even that
+    lacked it. torch 2.14 neither empties the table nor lacks the entry, so there it changes nothing.
     """
-    dispatch = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
+    inner = getattr(stager, "_state_dict_stager", None)
+    dispatch = getattr(inner, "_deepcopy_dispatch", None)
     if isinstance(dispatch, dict):
-        dispatch.setdefault(type, _copy_atomic)
+        built = getattr(inner, "_titanloop_dispatch", None)
+        if built is None:  # the first call, on the table as the stager built it
+            built = {**dispatch}
+            built.setdefault(type, _copy_atomic)
+            inner._titanloop_dispatch = built
+        for cls, copier in built.items():
+            dispatch.setdefault(cls, copier)
     return stager
 
 
@@ -197,6 +206,7 @@ class Checkpointer:
         json.dumps(manifest, allow_nan=True)  # fail now, on every rank, if a state is not JSON-serializable
         writer = FileSystemWriter(staging, sync_files=True)
         if use_async:
+            stager_copies_classes(self._stager)  # torch 2.11 empties its table after each staging
             upload = dcp.async_save(
                 tensors, storage_writer=writer, process_group=self._save_group, async_stager=self._stager
             )
