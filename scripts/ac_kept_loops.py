@@ -78,6 +78,12 @@ def parse_args(argv):
         help="also keep this fraction of the planned peak free (e.g. 0.1 for a plan not yet checked on the GPU "
         "at this setting; default 0: the plan's own rule)",
     )
+    ap.add_argument(
+        "--selective",
+        action="store_true",
+        help="also plan selective AC (matmul and attention outputs saved, the rest recomputed; one more plan) when "
+        "not every loop fits: it holds part of every loop and recomputes no matmul",
+    )
     ap.add_argument("--json", default=None, help="also write every plan made (k, peak GB, fits) to this file")
     return ap.parse_known_args(argv)
 
@@ -97,21 +103,28 @@ def main(argv=None) -> int:
     )
     plans: dict[int, dict] = {}
 
-    def fits(k: int) -> bool:
+    def plan_of(extra: list[str], what: str):
         start = time.perf_counter()
         plan = dry_run(
-            load_config(a.config, [*overrides, *kept_overrides(k, n_loops)], world_size=a.world_size),
+            load_config(a.config, [*overrides, *extra], world_size=a.world_size),
             a.world_size,
             memory_plan=True,
             gpu_mem_gb=a.gpu_mem_gb,
         ).memory_plan
         plan = dataclasses.replace(plan, reserve_gb=a.reserve_gb + a.margin * plan.peak / GB)
-        plans[k] = {"kept_loops": k, "peak_bytes": plan.peak, "peak_gb": round(plan.peak / GB, 2), "fits": plan.fits}
-        what = "every loop kept (no AC)" if k >= n_loops else f"k = {k}"
         print(f"  {what}: {plan.verdict} ({time.perf_counter() - start:.0f} s)", flush=True)
-        return plan.fits
+        return {"peak_bytes": plan.peak, "peak_gb": round(plan.peak / GB, 2), "fits": plan.fits}
+
+    def fits(k: int) -> bool:
+        what = "every loop kept (no AC)" if k >= n_loops else f"k = {k}"
+        plans[k] = {"kept_loops": k, **plan_of(kept_overrides(k, n_loops), what)}
+        return plans[k]["fits"]
 
     best, _ = largest_fitting(n_loops, fits)
+    selective = None
+    if a.selective and (best is None or best < n_loops):
+        selective = plan_of(["--parallelism.activation_checkpoint", "selective", "--parallelism.ac_kept_loops", "0"],
+                            "selective AC")  # fmt: skip
     if a.json:
         Path(a.json).write_text(
             json.dumps(
@@ -124,16 +137,22 @@ def main(argv=None) -> int:
                     "n_loops": n_loops,
                     "largest": best,
                     "plans": [plans[k] for k in sorted(plans)],
+                    "selective": selective,
                 },
                 indent=1,
             )
             + "\n"
         )
-    if best is None:
+    if selective is not None:
+        use = "; it recomputes no matmul: --parallelism.activation_checkpoint selective" if selective["fits"] else ""
+        print(f"selective AC {'fits' if selective['fits'] else 'does not fit'} ({selective['peak_gb']:.1f} GB{use})")
+    if best is None and not (selective and selective["fits"]):
         raise ConfigError(
             f"not even per-loop AC with no kept loops fits {a.gpu_mem_gb:.0f} GB per GPU at world size "
             f"{a.world_size}: fewer sequences per micro-batch (training.micro_batch_size) or more GPUs"
         )
+    if best is None:
+        return 0
     if best >= n_loops:
         print(f"every loop fits ({plans[best]['peak_gb']:.1f} GB): set --parallelism.activation_checkpoint none")
     else:

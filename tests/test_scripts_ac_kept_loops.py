@@ -73,15 +73,26 @@ def test_the_script_reports_the_largest_k_whose_real_plan_fits(tmp_path):
         ).memory_plan.peak
     assert all(peaks[k] < peaks[k + 1] for k in range(4)), peaks  # each kept loop holds more: the bisection's premise
     limit_gb = (peaks[2] + peaks[3]) / 2 / 1e9  # k = 2 fits, k = 3 does not
-    r, doc = _run(tmp_path, "--gpu-mem-gb", repr(limit_gb), "--reserve-gb", "0")
+    selective = akl.dry_run(
+        akl.load_config(CONFIG, ["--parallelism.activation_checkpoint", "selective"], world_size=2), 2, memory_plan=True
+    ).memory_plan.peak
+    r, doc = _run(tmp_path, "--gpu-mem-gb", repr(limit_gb), "--reserve-gb", "0", "--selective")
     assert r.returncode == 0, r.stderr
+    # --selective: one more plan, of selective AC, read from the same config and overrides
+    assert doc["selective"] == {
+        "peak_bytes": selective,
+        "peak_gb": round(selective / 1e9, 2),
+        "fits": selective <= limit_gb * 1e9,
+    }
+    assert f"selective AC {'fits' if doc['selective']['fits'] else 'does not fit'} (" in r.stdout
     assert "largest that fits: --parallelism.ac_kept_loops 2" in r.stdout
     assert "recomputes 2 of 4 loops" in r.stdout
     assert doc["largest"] == 2 and {p["kept_loops"]: p["peak_bytes"] for p in doc["plans"]} == {
         2: peaks[2],
         3: peaks[3],
     }
-    assert r.stdout.count("does NOT fit") == 1 and r.stdout.count(" fits in ") == 1  # one line per plan, as it runs
+    fit = doc["selective"]["fits"]  # one line per plan, as it runs
+    assert r.stdout.count("does NOT fit") == 1 + (not fit) and r.stdout.count(" fits in ") == 1 + fit
     # a margin of the planned peak kept free: the same limit now leaves k = 2 out, from a config without AC
     margin = (limit_gb * 1e9 / peaks[2] - 1) * 1.01
     r, doc = _run(tmp_path, "--gpu-mem-gb", repr(limit_gb), "--reserve-gb", "0", "--margin", repr(margin), *NO_AC)
