@@ -90,21 +90,17 @@ _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
 KNOWN_STALE: dict[str, str] = {
-    "gpu_check": "measured on the H100 at 6326f59; after it the float8 loss rule became one-sided, the plan "
-    "subtracts compile's saving (gpu_sessions/2026-11-27/plan_vs_gpu.json sets the new plans beside its peaks), and "
-    "the LM head's gradient became a bf16 GEMM on CUDA (9da3032): its verdicts are the old code's until the next GPU "
-    "session (gpu_sessions/2026-11-27-session3 ran only its kernel-choice, preemption and learning rows at fdb31ea); "
-    "the learning row has since added input injection of an embedding of std 1.0 (07664a3), which no GPU has run",
-    "gpu_eval": "measured on the H100 at fdb31ea (8 PASS, 1 FAIL, 1 SKIP); after it the sync count stopped counting "
-    "torch's debug-mode notice as a sync (the FAIL row's recorded sites are one sync and that notice), and the async "
-    "checkpoint stager gained torch 2.11's missing class copier (3fc5b36), which the eval rows' training runs do not "
-    "use (they save with checkpoint.mode = sync); --rows (fa6d17f) chooses which rows run, not what they do: the "
-    "head-statistics verdict is the old counter's until the next GPU session",
-    "gpu_throughput": "measured on the H100 at 6326f59, before the LM head's gradient became a bf16 GEMM on CUDA "
-    "(9da3032, the profile's largest item), before the torchtitan compat fix for its failed dense run, and before "
-    "its default matrix gained per-loop AC with kept loops (ac_kept_loops, 85208d6) and put the AC rows before "
-    "rowwise, and its T = 8 row took only per-loop or per-layer AC rows: all wait for the next GPU session; "
-    "gpu_check.py's later changes are to verdicts it does not use",
+    "gpu_check": "its full run is 6326f59's, on the H100; the session of 2026-11-28 ran its rows again at 474e7ab in "
+    "three subsets (gpu_sessions/2026-11-28: single-GPU checks, kernel choice, learning (PASS), preemption (FAIL: "
+    "torch 2.11's stager, fixed in 2087731), T = 8 bf16 and tensorwise with their memory plans (PASS)), whose "
+    "jsons stay there; the T = 4 training rows, rowwise at T = 8 and the preemption row wait for the next GPU session",
+    "gpu_eval": "its full run is fdb31ea's, on the H100 (8 PASS, 1 FAIL, 1 SKIP); its FAIL row (head_stats_syncs) "
+    "passed at 474e7ab under the current counter (gpu_sessions/2026-11-28/call1_gpu_eval.json, --rows "
+    "head_stats_syncs); the other rows' code changed only in --rows and the counter, which they do not use",
+    "gpu_throughput": "measured on the H100 at 474e7ab; after it train_configs/ouro_1p4b.toml's AC became selective, "
+    "so the json's 'shipped setting' rows are of per-loop AC and its selective row is the new shipped setting's (its "
+    "default and smoke matrices now start from that setting); "
+    "the checkpointer's stager fix (2087731) is not run by it (checkpoint.enable false)",
 }
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.
