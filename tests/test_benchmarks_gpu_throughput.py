@@ -22,6 +22,7 @@ from benchmarks import gpu_throughput as gt
 from benchmarks import torchtitan_dense as td
 from benchmarks.report import MEASURES, PENDING, expected_met, validate
 from titanloop.model.config import preset
+from titanloop.train.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -240,7 +241,9 @@ def test_default_matrix_fits_one_call_of_eight_minutes():
     print(f"default plan: {total:.0f} s estimated, {len(jobs)} launches + T=8")
     assert total <= gt.BUDGET_S and total + gt.INSTALL_S <= gt.CALL_S == 480
     assert [j.role for j in jobs[:3]] == ["matrix", "looped", "dense"] and jobs[0].profile  # targets first
-    assert jobs[0].setting == gt.SHIPPED == gt.Setting(2, "loop", "off", 4)  # train_configs/ouro_1p4b.toml
+    shipped = load_config(gt.SHIPPED_CONFIG, [])  # the trainer's own reading of train_configs/ouro_1p4b.toml
+    mb, ac = shipped.training.micro_batch_size, shipped.parallelism.activation_checkpoint
+    assert jobs[0].setting == gt.SHIPPED == gt.Setting(mb, ac, "off", 4)
     full = gt.build_plan(ctx, gt.FULL_MATRIX, profile=True, dense=True, always_titanloop_dense=True)
     assert gt.plan_estimate_s(ctx, full) > 3 * gt.CALL_S  # --full does not fit one call (it has no budget)
     # + both optimizer implementations + per-loop AC keeping 1, 2 or 3 of the 4 loops
@@ -291,8 +294,9 @@ def test_run_plan_skips_what_does_not_fit_falls_back_and_runs_t8_of_the_fastest(
 
     monkeypatch.setattr(gt, "run_titanloop", titanloop)
     monkeypatch.setattr(gt, "run_torchtitan", torchtitan)
+    per_loop = gt.Setting(2, "loop")  # a T = 8 candidate: per-loop AC holds as many loops at T = 8
     jobs = [
-        gt.Job("matrix", gt.SHIPPED, estimate_s=50.0),
+        gt.Job("matrix", per_loop, estimate_s=50.0),
         gt.Job("dense", gt.Setting(2, "none", n_loops=1), {"n_layers": 30}, estimate_s=50.0),
         gt.Job("matrix", gt.Setting(1, "none"), estimate_s=50.0),
         gt.Job("matrix", gt.Setting(1, "loop"), estimate_s=50.0),
@@ -309,7 +313,7 @@ def test_run_plan_skips_what_does_not_fit_falls_back_and_runs_t8_of_the_fastest(
         ("t8", "budget"),
     ]
     assert pairs[2][0].model_overrides == {"n_layers": 30} and pairs[2][0].setting.n_loops == 1
-    assert pairs[-1][0].setting == dataclasses.replace(gt.SHIPPED, n_loops=8)  # the fastest T = 4 row
+    assert pairs[-1][0].setting == dataclasses.replace(per_loop, n_loops=8)  # the fastest T = 4 candidate
     assert "of the budget left" in pairs[-2][1].reason
     assert len(lines) == 6 and lines[0].startswith("[1/5]") and lines[-1].startswith("[6/6]")
 
@@ -488,7 +492,7 @@ def test_bad_input_is_one_line(bad, says, capsys):
 
 def test_settings_and_matrices():
     assert gt.parse_setting("4:selective:tensorwise:8") == gt.Setting(4, "selective", "tensorwise", 8)
-    assert gt.parse_args(["--setting", "2:loop:off"]).settings == [gt.SHIPPED]
+    assert gt.parse_args(["--setting", "2:selective:off"]).settings == [gt.SHIPPED]
     a = gt.parse_args(["--smoke"])
     assert gt.matrix_of(a) == gt.SMOKE_MATRIX and (a.steps, a.warmup) == (gt.SMOKE_STEPS, gt.SMOKE_WARMUP)
     assert (
@@ -497,7 +501,7 @@ def test_settings_and_matrices():
     )
     assert gt.make_context(gt.parse_args([]), Path(".")).budget_s == gt.BUDGET_S
     assert gt.make_context(gt.parse_args(["--full"]), Path(".")).budget_s is None
-    assert gt.SHIPPED.overrides() == ["--parallelism.activation_checkpoint", "loop"]
+    assert gt.SHIPPED.overrides() == ["--parallelism.activation_checkpoint", "selective"]
     assert gt.Setting(2, "loop", extra=(("optimizer.implementation", "fused"),)).overrides()[-2:] == [
         "--optimizer.implementation",
         "fused",
