@@ -1,14 +1,14 @@
-"""Multi-process tests of the trainer with real torchrun (gloo, CPU). Six launches are shared by all tests
+"""Multi-process tests of the trainer with real torchrun (gloo, CPU). Seven launches are shared by all tests
 (each launch costs ~10 s of imports per process on the 2 CI cores):
 
-- loss parity: 1 process vs 2-process FSDP vs 2-process TP (also with per-loop AC keeping its first loop, as
-  stages 2 and 4 ship it) vs 4-process 2x2 FSDP x TP (same seed, same global batch): the same loss and
-  gradient norm at every one of 4 optimizer steps within LOSS_TOL and
-  GRAD_NORM_RTOL (a few times the largest difference measured between layouts, docs/parallelism.md);
+- loss parity: 1 process vs 2-process FSDP vs 2-process TP (also with per-loop AC keeping its first loop, and
+  with selective AC, as stages 2 and 4 ship it) vs 4-process 2x2 FSDP x TP (same seed, same global batch):
+  the same loss and gradient norm at every one of 4 optimizer steps within LOSS_TOL and GRAD_NORM_RTOL (a few
+  times the largest difference measured between layouts, docs/parallelism.md);
 - multi-node launch simulated on one machine: two torchrun launchers with --nnodes 2 (c10d rendezvous on
   127.0.0.1), one process each, match the single-launcher 2-process loss;
-- the collective counts of one step match docs/parallelism.md, and per-loop AC under TP reruns the forward
-  collectives of exactly the loops it recomputes;
+- the collective counts of one step match docs/parallelism.md; per-loop AC under TP reruns the forward
+  collectives of exactly the loops it recomputes, selective AC those of every loop;
 - NaN handling: after the parity window, the 2-process FSDP run gets a NaN loss on its last rank at step 5
   (skipped on every rank, training continues); the multi-node run gets NaNs at steps 5 and 6 and must stop
   on every rank with max_nan_steps=2 (no hang, one-line error, nonzero exit);
@@ -66,7 +66,7 @@ def runs(tmp_path_factory):
         "2-proc FSDP": (2, {"training.steps": 6, "training.inject_nan_steps": [5], "metrics.wandb": "online"}),
         "2-proc TP": (2, {"parallelism.tp": 2}),
         "4-proc 2x2 FSDPxTP": (4, {"parallelism.tp": 2}),
-        # per-loop AC keeping its first loop, as stages 2 and 4 ship it: backward recomputes the other loops
+        # per-loop AC keeping its first loop (stage1a keeps 3 of 8): backward recomputes the other loops
         "2-proc TP, AC loop 1 kept": (
             2,
             {"parallelism.tp": 2, "parallelism.activation_checkpoint": "loop", "parallelism.ac_kept_loops": KEPT},
