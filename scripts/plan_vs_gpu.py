@@ -45,7 +45,8 @@ def check_runs(doc: dict) -> list[tuple[str, list[str], int, float]]:
     gc = _gpu_check()
     res = doc["result"]
     steps = res.get("steps") or 40
-    a = gc.parse_args(["--steps", str(steps)])
+    loops = sorted({run["n_loops"] for run in res["runs"]}) or [4]  # the T a subset ran (e.g. --loops 8)
+    a = gc.parse_args(["--steps", str(steps), "--loops", ",".join(map(str, loops))])
     a.name, a.overrides, a.n_gpus, a.shape_text = res.get("shape", "ouro-1.4b"), {}, res.get("n_gpus", 1), ""
     a.seq_len = res.get("seq_len", a.seq_len)
     specs = {(s.n_loops, s.precision, s.ac, s.compiled): s for s in gc.training_runs(a)}
@@ -68,7 +69,13 @@ def throughput_runs(doc: dict) -> list[tuple[str, list[str], int, float]]:
     by_label = {gt._compare_label(j) if j.role != "matrix" else j.setting.label: j for j in jobs}
     out = []
     for run in doc["result"]["runs"]:
-        job = by_label.get(run["label"])
+        # the job as the run recorded it; by its label in today's default matrix only where it recorded none
+        rec = run.get("job")
+        if rec:
+            setting = {**rec["setting"], "extra": tuple(tuple(kv) for kv in rec["setting"].get("extra", ()))}
+            job = gt.Job(rec["role"], gt.Setting(**setting), dict(rec.get("model_overrides") or {}), rec["profile"])
+        else:
+            job = by_label.get(run["label"])
         if job is None or job.role == "dense" or not run.get("peak_gib"):
             continue
         base, setting = gt.titanloop_args(ctx, job, Path("/tmp/plan_vs_gpu"))

@@ -38,7 +38,19 @@ def test_the_committed_runs_are_rebuilt_with_their_settings():
     assert len(runs) == 5 and not any("torchtitan" in label for label in runs)
     looped = runs["gpu_throughput titanloop looped, 6 layers x T=4, 2 seq, no AC, bf16"]
     assert _arg(looped, "--model.n_layers") == "6" and _arg(looped, "--training.micro_batch_size") == "2"
-    assert _arg(runs["gpu_throughput T=4 2 seq, AC loop, float8 rowwise"], "--float8.recipe") == "rowwise"
+    assert _arg(runs["gpu_throughput T=4 2 seq, AC loop, float8 tensorwise"], "--float8.recipe") == "tensorwise"
+    selective = runs["gpu_throughput T=4 2 seq, AC selective, bf16"]
+    assert _arg(selective, "--parallelism.activation_checkpoint") == "selective"
+
+
+def test_a_subset_at_other_loop_counts_is_rebuilt_too():
+    """A session's gpu_check subset at T = 8 only (gpu_sessions/2026-11-28, call 3): both of its runs, at T = 8 (the
+    default --loops 4 found none of them)."""
+    subset = json.loads((pvg.RESULTS / "gpu_sessions" / "2026-11-28" / "call3_gpu_check.json").read_text())
+    runs = pvg.check_runs(subset)
+    assert [(label, _arg(args, "--loop_sampler.n_loops"), peak) for label, args, _, peak in runs] == [
+        (f"gpu_check T=8 {r['precision']} AC loop", "8", r["peak_gib"]) for r in subset["result"]["runs"]
+    ]
 
 
 def test_a_missing_result_is_one_line_and_exit_2(tmp_path):
