@@ -96,7 +96,8 @@ KNOWN_STALE: dict[str, str] = {
     "jsons stay there; the T = 4 training rows, rowwise at T = 8 and the preemption row wait for the next GPU session",
     "gpu_eval": "its full run is fdb31ea's, on the H100 (8 PASS, 1 FAIL, 1 SKIP); its FAIL row (head_stats_syncs) "
     "passed at 474e7ab under the current counter (gpu_sessions/2026-11-28/call1_gpu_eval.json, --rows "
-    "head_stats_syncs); the other rows' code changed only in --rows and the counter, which they do not use",
+    "head_stats_syncs); the other rows' code changed only in --rows, the counter and the async checkpoint stager "
+    "(3fc5b36, 2087731), none of which they use (their training runs save with checkpoint.mode = sync)",
     "gpu_throughput": "measured on the H100 at 474e7ab; after it train_configs/ouro_1p4b.toml's AC became selective, "
     "so the json's 'shipped setting' rows are of per-loop AC and its selective row is the new shipped setting's (its "
     "default and smoke matrices now start from that setting); "
