@@ -59,7 +59,6 @@ import importlib.util
 import itertools
 import json
 import os
-import tomllib
 import re
 import shlex
 import shutil
@@ -77,6 +76,7 @@ from benchmarks.report import measured_commit  # noqa: E402
 from benchmarks.torchtitan_dense import SPEC_ENV, DenseSpec  # noqa: E402
 from titanloop.model.config import LoopLMConfig, attended_keys_per_token, preset  # noqa: E402
 from titanloop.parallel.activation_checkpoint import live_loops  # noqa: E402
+from titanloop.train.config import load_config  # noqa: E402
 
 
 def _load_gpu_check():
@@ -101,8 +101,8 @@ AC_POLICIES = ("none", "layer", "loop", "selective", "auto")
 # The shipped setting is train_configs/ouro_1p4b.toml's sequences per step and AC policy, read from it (the stage
 # configs choose their own AC at their sbatch size, docs/parallelism.md; one GPU holds the whole optimizer state).
 SHIPPED_CONFIG = ROOT / "train_configs" / "ouro_1p4b.toml"
-_shipped = tomllib.loads(SHIPPED_CONFIG.read_text())
-SHIPPED_MB, SHIPPED_AC = _shipped["training"]["micro_batch_size"], _shipped["parallelism"]["activation_checkpoint"]
+_shipped = load_config(SHIPPED_CONFIG, [])
+SHIPPED_MB, SHIPPED_AC = _shipped.training.micro_batch_size, _shipped.parallelism.activation_checkpoint
 SEQ_LEN, VOCAB, PRESET = 4096, 49152, "ouro-1.4b"
 LOOPED_LAYERS, COMPARE_MB, COMPARE_AC = 6, 2, "none"  # looped vs dense: 6 shared layers x T = 4, 2 x 4K, no AC
 
@@ -221,6 +221,22 @@ class Job:
     model_overrides: dict = field(default_factory=dict)
     profile: bool = False
     estimate_s: float = 0.0
+
+
+def job_record(job: Job) -> dict:
+    """How the json records a run's job (its "job" field); job_from_record reads it back."""
+    return {
+        "role": job.role,
+        "setting": dataclasses.asdict(job.setting),
+        "model_overrides": job.model_overrides,
+        "profile": job.profile,
+    }
+
+
+def job_from_record(rec: dict) -> Job:
+    """The Job a json's run recorded with job_record (its estimate is not recorded: 0)."""
+    setting = {**rec["setting"], "extra": tuple(tuple(kv) for kv in rec["setting"].get("extra", ()))}
+    return Job(rec["role"], Setting(**setting), dict(rec.get("model_overrides") or {}), rec["profile"])
 
 
 @dataclass
@@ -517,7 +533,6 @@ def check_accepted(base: list[str], setting_args: list[str], n_gpus: int) -> tup
     """(True, "") when titanloop's config accepts base + setting; (False, why) when it refuses the setting's values
     (a ConfigError, e.g. an AC policy or optimizer option this version has not got). A refused base raises."""
     from titanloop.config_errors import ConfigError
-    from titanloop.train.config import load_config
 
     load_config(gpu_check.TRAIN_CONFIG, base, world_size=n_gpus)
     try:
@@ -1031,18 +1046,7 @@ def result_json(pairs, ctx: Context, meta: dict) -> dict:
         "result": {
             "context": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(ctx).items()},
             "flops_per_token": flops,
-            "runs": [
-                {
-                    "job": {
-                        "role": j.role,
-                        "setting": dataclasses.asdict(j.setting),
-                        "model_overrides": j.model_overrides,
-                        "profile": j.profile,
-                    },
-                    **dataclasses.asdict(r),
-                }
-                for j, r in pairs
-            ],
+            "runs": [{"job": job_record(j), **dataclasses.asdict(r)} for j, r in pairs],
             "torch": meta.get("torch"),
             "wall_s": meta.get("wall_s"),
         },

@@ -70,12 +70,7 @@ def throughput_runs(doc: dict) -> list[tuple[str, list[str], int, float]]:
     out = []
     for run in doc["result"]["runs"]:
         # the job as the run recorded it; by its label in today's default matrix only where it recorded none
-        rec = run.get("job")
-        if rec:
-            setting = {**rec["setting"], "extra": tuple(tuple(kv) for kv in rec["setting"].get("extra", ()))}
-            job = gt.Job(rec["role"], gt.Setting(**setting), dict(rec.get("model_overrides") or {}), rec["profile"])
-        else:
-            job = by_label.get(run["label"])
+        job = gt.job_from_record(run["job"]) if run.get("job") else by_label.get(run["label"])
         if job is None or job.role == "dense" or not run.get("peak_gib"):
             continue
         base, setting = gt.titanloop_args(ctx, job, Path("/tmp/plan_vs_gpu"))

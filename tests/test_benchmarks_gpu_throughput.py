@@ -502,6 +502,9 @@ def test_settings_and_matrices():
     assert gt.make_context(gt.parse_args([]), Path(".")).budget_s == gt.BUDGET_S
     assert gt.make_context(gt.parse_args(["--full"]), Path(".")).budget_s is None
     assert gt.SHIPPED.overrides() == ["--parallelism.activation_checkpoint", "selective"]
+    # the json's record of a job reads back as the same job (plan_vs_gpu rebuilds runs from it), through JSON
+    job = gt.Job("looped", gt.Setting(2, "loop", "tensorwise", 8, ((gt.KEPT_LOOPS, "2"),)), {"n_layers": 6}, True)
+    assert gt.job_from_record(json.loads(json.dumps(gt.job_record(job)))) == job
     assert gt.Setting(2, "loop", extra=(("optimizer.implementation", "fused"),)).overrides()[-2:] == [
         "--optimizer.implementation",
         "fused",
