@@ -17,7 +17,11 @@ train_configs/debug.toml, built by scripts/gpu_check.py's `train_args`; torchtit
  2. A profile: the first row (the shipped setting) runs 2 more steps under `--profiling.enable true` (titanloop's
     torch.profiler callback; those steps are left out of its throughput). The chrome trace is summarized here
     (top CUDA kernels by total time; share of the GPU timeline in GEMM / attention / elementwise / NCCL /
-    memory copies / other, and idle) and kept, gzipped, in --artifacts.
+    memory copies / other, and idle) and kept, gzipped, in --artifacts. The first row's float8 twins (same
+    sequences, AC and T) are profiled too, and each is set against it kernel by kernel (float8_vs_bf16): per step,
+    the time in each category and idle, the kernels only float8 has (its GEMMs; torchao's casts and scales), the
+    kernels that grew most, and one sentence saying where float8 gains and loses time. `--compare-traces` does the
+    same for two kept traces without running anything.
  3. Looped vs dense at equal FLOPs per token: titanloop with 6 shared layers x T = 4 against a dense Llama-style
     model of the same width (hidden 2048, 16 heads MHA, FFN 5632, vocab 49152) trained by torchtitan's own trainer
     and llama3 model (benchmarks/torchtitan_dense.py, the harness), with as many layers as make its FLOPs per
@@ -41,6 +45,7 @@ renders it into BENCHMARKS.md), with targets: MFU >= 0.40 for bf16 at T = 4 in t
     python3 benchmarks/gpu_throughput.py --setting 2:loop:off --setting 4:loop:tensorwise:8   # chosen rows
     python benchmarks/gpu_throughput.py --plan                 # the plan and its time estimate (no GPU needed)
     python benchmarks/gpu_throughput.py --smoke --out /tmp/g.json   # CPU: the whole pipeline at tiny sizes
+    python benchmarks/gpu_throughput.py --compare-traces BF16.json.gz FLOAT8.json.gz   # two kept traces, no run
 
 Rows run in priority order (the shipped setting and the comparison first); a row whose estimate (scaled by how
 much slower than estimated the runs so far were) no longer fits --budget-s is reported as skipped, and a run is
@@ -119,6 +124,7 @@ AC_STEP_FACTOR = {"none": 0.88, "layer": 1.0, "loop": 1.0, "selective": 0.8, "au
 # selective: 12,866 against 9,991 for per loop at 2 x 4K (474e7ab)
 PRECISION_STEP_FACTOR = {"off": 1.0, "tensorwise": 1.2, "rowwise": 1.25}  # 0.84x and 0.81x of bf16
 STEPS, WARMUP = 8, 3  # steps per row; the first WARMUP (compile, allocator, autotuning) are not measured
+PROFILE_STEPS = 2  # a profiled row runs this many more steps under the profiler (left out of its throughput)
 SMOKE_STEPS, SMOKE_WARMUP = 4, 1
 GIB = 1024**3
 OOM_PATTERNS = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
@@ -178,6 +184,7 @@ FULL_MATRIX += [Setting(SHIPPED_MB, SHIPPED_AC, extra=(("optimizer.implementatio
 FULL_MATRIX += [Setting(SHIPPED_MB, "loop", extra=((KEPT_LOOPS, str(k)),)) for k in (1, 2, 3)]
 SMOKE_MATRIX = [
     SHIPPED,
+    Setting(SHIPPED_MB, SHIPPED_AC, "tensorwise"),  # profiled: float8 against bf16 from the traces (emulated here)
     Setting(1, "loop"),  # a T = 8 candidate
     Setting(1, "none", inject_oom=True),
     Setting(1, "no-such-policy"),
@@ -360,7 +367,7 @@ def step_estimate_s(ctx: Context, s: Setting, model_overrides: dict | None = Non
 
 def job_estimate_s(ctx: Context, job: Job) -> float:
     """One launch on the H100: start-up and compile, then its steps (a profiled job runs 2 more and exports)."""
-    steps = ctx.steps + (2 if job.profile else 0)
+    steps = ctx.steps + (PROFILE_STEPS if job.profile else 0)
     overhead = DENSE_OVERHEAD_S if job.role == "dense" else RUN_OVERHEAD_S
     if job.setting.precision != "off":
         overhead += FLOAT8_OVERHEAD_S
@@ -460,12 +467,9 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
-def summarize_trace(trace: dict, top: int = 15) -> dict:
-    """A torch.profiler chrome trace in numbers: the device timeline (CUDA kernels, memcpy/memset) from the first
-    to the last event, its busy time (union of events over streams), each category's total time as a share of the
-    timeline, idle = 1 - busy / timeline, and the `top` kernels by total time. Without CUDA events (a CPU run) the
-    outermost CPU operators stand in for kernels (smoke runs only). Streams overlap (NCCL with compute), so the
-    category shares may add up to more than the busy share."""
+def _device_events(trace: dict) -> tuple[list[dict], str]:
+    """(the trace's device events, "cuda"), or without CUDA events (a CPU run) its outermost CPU operators standing
+    in for kernels, "cpu_op"."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
     device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     source = "cuda"
@@ -473,6 +477,16 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
         device, source = _outermost([e for e in events if e.get("cat") == "cpu_op"]), "cpu_op"
     if not device:
         raise ValueError("the trace has no CUDA kernels and no CPU operators")
+    return device, source
+
+
+def summarize_trace(trace: dict, top: int = 15) -> dict:
+    """A torch.profiler chrome trace in numbers: the device timeline (CUDA kernels, memcpy/memset) from the first
+    to the last event, its busy time (union of events over streams), each category's total time as a share of the
+    timeline, idle = 1 - busy / timeline, and the `top` kernels by total time. Without CUDA events (a CPU run) the
+    outermost CPU operators stand in for kernels (smoke runs only). Streams overlap (NCCL with compute), so the
+    category shares may add up to more than the busy share."""
+    device, source = _device_events(trace)
     start = min(e["ts"] for e in device)
     span = max(e["ts"] + e["dur"] for e in device) - start
     busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in device])
@@ -500,6 +514,97 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
 
 
 # ----- launching runs -------------------------------------------------------------------------------------------------
+def kernel_stem(name: str) -> str:
+    """A kernel's name without the index Inductor appends to a generated kernel (triton_poi_fused_mul_silu_4 ->
+    triton_poi_fused_mul_silu), so that the same fused kernel matches across two runs' traces."""
+    return re.sub(r"_\d+$", "", name) if name.startswith(("triton_", "cpp_fused")) else name
+
+
+def kernel_totals(trace: dict) -> dict[str, list]:
+    """{kernel stem: [calls, total us, category]} over a trace's device events (kernel_stem, _device_events)."""
+    device, _ = _device_events(trace)
+    out: dict[str, list] = {}
+    for e in device:
+        name = e.get("name", "?")
+        rec = out.setdefault(kernel_stem(name), [0, 0.0, kernel_category(name, e.get("cat", ""))])
+        rec[0] += 1
+        rec[1] += e["dur"]
+    return out
+
+
+def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_STEPS, top: int = 10) -> dict:
+    """Where float8's step time goes against bf16's, from the two rows' profiles of `steps` steps each: per step,
+    each category's kernel time (GEMM, attention, elementwise, ...), idle (the timeline less its busy union) and the
+    timeline itself; the kernels only the float8 trace has (its float8 GEMMs and the casts, scales and transposes
+    torchao adds), split into GEMM and the rest; the `top` kernels whose time grew most; and a sentence saying
+    which of them makes float8 slower or faster. Kernels are matched by kernel_stem."""
+    per = 1e3 * steps  # us over the trace -> ms per step
+    sums = {"bf16": summarize_trace(bf16_trace), "float8": summarize_trace(float8_trace)}
+    totals = {"bf16": kernel_totals(bf16_trace), "float8": kernel_totals(float8_trace)}
+    ms = {}
+    for k, sm in sums.items():
+        span = sm["span_ms"] * 1e3
+        cats = {c: 0.0 for c in CATEGORIES}
+        for calls, us, c in totals[k].values():
+            cats[c] += us
+        ms[k] = {**{c: v / per for c, v in cats.items()}, "idle": (span - sm["busy_ms"] * 1e3) / per}
+        ms[k]["timeline"] = span / per
+    rows = [[c, ms["bf16"][c], ms["float8"][c], ms["float8"][c] - ms["bf16"][c]] for c in ms["bf16"]]
+    only = {n: v for n, v in totals["float8"].items() if n not in totals["bf16"]}
+    new_gemm = sum(us for _, us, c in only.values() if c == "gemm") / per
+    new_other = sum(us for _, us, c in only.values() if c != "gemm") / per
+    stems = set(totals["bf16"]) | set(totals["float8"])
+
+    def t(k, n):
+        return totals[k].get(n, [0, 0.0, None])
+
+    grown = sorted(stems, key=lambda n: t("bf16", n)[1] - t("float8", n)[1])[:top]
+    growth = [
+        {
+            "kernel": n,
+            "category": t("float8", n)[2] or t("bf16", n)[2],
+            "bf16_ms": t("bf16", n)[1] / per,
+            "float8_ms": t("float8", n)[1] / per,
+            "delta_ms": (t("float8", n)[1] - t("bf16", n)[1]) / per,
+            "float8_calls_per_step": t("float8", n)[0] / steps,
+        }
+        for n in grown
+        if t("float8", n)[1] > t("bf16", n)[1]
+    ]
+    b, f = ms["bf16"], ms["float8"]
+    d_gemm = f["gemm"] - b["gemm"]
+    d_rest = sum(f[c] - b[c] for c in CATEGORIES if c != "gemm") + f["idle"] - b["idle"]
+    gemm_words = (
+        f"its GEMMs take {-d_gemm:.1f} ms less ({b['gemm']:.1f} -> {f['gemm']:.1f})"
+        if d_gemm < 0
+        else f"its GEMMs take {d_gemm:.1f} ms MORE ({b['gemm']:.1f} -> {f['gemm']:.1f}): the float8 GEMMs are no faster"
+    )
+    verdict = "slower" if f["timeline"] > b["timeline"] else "faster"
+    explanation = (
+        f"Per step, float8 takes {f['timeline']:.1f} ms against bf16's {b['timeline']:.1f} ({verdict}): {gemm_words}; "
+        f"everything else takes {d_rest:+.1f} ms (non-GEMM kernels "
+        f"{sum(f[c] - b[c] for c in CATEGORIES if c != 'gemm'):+.1f}, idle {f['idle'] - b['idle']:+.1f}), of which "
+        f"{new_other:.1f} ms are kernels the bf16 trace has not got (casts, scales, transposes: "
+        f"{sum(1 for v in only.values() if v[2] != 'gemm')} kinds)."
+    )
+    return {
+        "steps": steps,
+        "source": sums["float8"]["source"],
+        "ms_per_step": rows,  # [category | idle | timeline, bf16, float8, float8 - bf16]
+        "float8_only_ms": {"gemm": new_gemm, "other": new_other},
+        "float8_only_kernels": len(only),
+        "growth": growth,
+        "explanation": explanation,
+    }
+
+
+def read_trace(path: Path) -> dict:
+    """A chrome trace, gzipped (as --artifacts keeps it) or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
 def no_cuda_message() -> str | None:
     import torch
 
@@ -516,7 +621,7 @@ def titanloop_args(ctx: Context, job: Job, run_dir: Path) -> tuple[list[str], li
     (train_args), every step logged, no step-timer barriers; the setting's own overrides apart, so that a value the
     trainer refuses can be told from a broken base."""
     s = job.setting
-    steps = ctx.steps + (2 if job.profile else 0)
+    steps = ctx.steps + (PROFILE_STEPS if job.profile else 0)
     precision = "bf16" if s.precision == "off" else s.precision
     base = gpu_check.train_args(
         run_dir, ctx.preset, job.model_overrides, s.n_loops, ctx.seq_len, ctx.n_gpus, precision, steps, s.micro_batch
@@ -524,7 +629,8 @@ def titanloop_args(ctx: Context, job: Job, run_dir: Path) -> tuple[list[str], li
     base += ["--metrics.log_freq", "1", "--metrics.breakdown", "false", "--model.vocab_size", str(ctx.vocab)]
     base += ["--lr_scheduler.warmup_steps", "2", "--parallelism.compile", str(ctx.compile).lower()]
     if job.profile:
-        base += ["--profiling.enable", "true", "--profiling.start_step", str(ctx.steps + 1), "--profiling.steps", "2"]
+        base += ["--profiling.enable", "true", "--profiling.start_step", str(ctx.steps + 1)]
+        base += ["--profiling.steps", str(PROFILE_STEPS)]
         base += ["--profiling.memory_snapshot", "false"]
     return base, s.overrides()
 
@@ -596,7 +702,7 @@ def run_titanloop(ctx: Context, job: Job, remaining: float | None) -> Row:
     if code != 0:
         status = "oom" if is_oom(code, out) else "failed"
         return _row(job, "titanloop", status, failure_reason(out, code), **common)
-    exclude = {ctx.steps + 1, ctx.steps + 2} if job.profile else set()
+    exclude = set(range(ctx.steps + 1, ctx.steps + 1 + PROFILE_STEPS)) if job.profile else set()
     try:
         m = median_throughput(gpu_check._metrics(run_dir), ctx.warmup, exclude, ctx.n_gpus)
     except ValueError as e:
@@ -662,10 +768,26 @@ def profile_summary(ctx: Context, run_dir: Path) -> dict:
     except (ValueError, json.JSONDecodeError) as e:
         summary = {"error": f"{trace.name}: {e}"}
     ctx.artifacts.mkdir(parents=True, exist_ok=True)
-    kept = ctx.artifacts / f"gpu_throughput_trace_{trace.parent.name}.json.gz"
+    kept = ctx.artifacts / f"gpu_throughput_trace_{run_dir.name}.json.gz"  # one per profiled run
     with open(trace, "rb") as src, gzip.open(kept, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
     return {**summary, "trace": kept.name, "trace_mib": kept.stat().st_size / 2**20, "steps": trace.parent.name}
+
+
+def attach_float8_comparisons(pairs: list[tuple[Job, Row]], ctx: Context) -> None:
+    """Each profiled float8 matrix row whose bf16 twin was profiled too gets float8_vs_bf16 of the two traces (kept
+    in ctx.artifacts) as extra["float8_vs_bf16"] (or the error that kept it from being computed)."""
+    profiled = {j.setting: r for j, r in pairs if j.role == "matrix" and r.ok and "trace" in r.extra.get("profile", {})}
+    for setting, row in profiled.items():
+        base = profiled.get(bf16_twin(setting))
+        if setting.precision == "off" or base is None:
+            continue
+        try:
+            traces = [read_trace(ctx.artifacts / r.extra["profile"]["trace"]) for r in (base, row)]
+            comparison = float8_vs_bf16(*traces)
+        except (OSError, ValueError, KeyError) as e:
+            comparison = {"error": f"{type(e).__name__}: {e}"[:240]}
+        row.extra["float8_vs_bf16"] = {"bf16_row": base.label, **comparison}
 
 
 # ----- the plan -------------------------------------------------------------------------------------------------------
@@ -682,13 +804,21 @@ def looped_layers(ctx: Context) -> int:
     return 2 if ctx.smoke else LOOPED_LAYERS  # debug-tiny has 2 layers
 
 
+def bf16_twin(s: Setting) -> Setting:
+    """The same row in bf16 (float8 recipe off)."""
+    return dataclasses.replace(s, precision="off")
+
+
 def build_plan(ctx: Context, matrix: list[Setting], *, profile: bool, dense: bool, always_titanloop_dense: bool):
     """The launches in priority order: the first matrix row (profiled), the looped-vs-dense comparison, the rest of
-    the matrix; the T = 8 row is added at run time. Each job carries its H100 estimate."""
+    the matrix; the T = 8 row is added at run time. The float8 twins of the first row are profiled too, so that
+    float8's time can be set against bf16's kernel by kernel (float8_vs_bf16). Each job carries its H100 estimate."""
     jobs = [Job("matrix", matrix[0], profile=profile)] if matrix else []
     if dense:
         jobs += comparison_jobs(ctx, comparison_layers(ctx), always_titanloop_dense)
-    jobs += [Job("matrix", s) for s in matrix[1:]]
+    jobs += [
+        Job("matrix", s, profile=profile and s.precision != "off" and bf16_twin(s) == matrix[0]) for s in matrix[1:]
+    ]
     for j in jobs:
         j.estimate_s = job_estimate_s(ctx, j)
     return jobs
@@ -844,6 +974,9 @@ def summary_rows(pairs: list[tuple[Job, Row]], ctx: Context) -> list[dict]:
             add(name, round(f8.tokens_per_s_gpu / shipped.tokens_per_s_gpu, 3), ">= 1.15")
         else:
             add(name, _not_measured(f8 if not f8.ok else shipped), ">= 1.15")
+        cmp = f8.extra.get("float8_vs_bf16")
+        if cmp is not None:
+            add(f"float8 {recipe} against bf16, from the traces", cmp.get("explanation") or cmp.get("error"))
     best = best_row([(j, r) for j, r in pairs if j.role == "matrix" and j.setting.n_loops == 4])
     if best is not None:
         add(f"best tokens/s/GPU at T=4 ({best[1].label})", round(best[1].tokens_per_s_gpu))
@@ -963,11 +1096,18 @@ def comparison_table(pairs, ctx: Context, flops: dict) -> dict | None:
 
 
 def profile_tables(pairs) -> list[dict]:
-    prof = next((r.extra["profile"] for _, r in pairs if "profile" in r.extra), None)
-    if not prof or "error" in prof:
-        return []
+    """The first profiled bf16 row's shares and top kernels, then each float8 row's comparison with its bf16 twin."""
+    tables = []
+    for _, r in pairs:
+        if "float8_vs_bf16" in r.extra:
+            tables += float8_tables(r.label, r.extra["float8_vs_bf16"])
+    bf16 = [(r.label, r.extra["profile"]) for _, r in pairs if "profile" in r.extra and r.precision == "off"]
+    first = bf16[0] if bf16 else None
+    if first is None or "error" in first[1]:
+        return tables
+    label, prof = first
     shares = {
-        "title": f"Profile of {prof['steps']} (2 steps, {prof['source']} timeline {prof['span_ms']:.0f} ms)",
+        "title": f"Profile of {label} ({PROFILE_STEPS} steps, {prof['source']} timeline {prof['span_ms']:.0f} ms)",
         "columns": ["category", "share of timeline %"],
         "rows": [[k, round(100 * v, 1)] for k, v in prof["shares"].items()],
     }
@@ -985,7 +1125,38 @@ def profile_tables(pairs) -> list[dict]:
             for k in prof["top"]
         ],
     }
-    return [shares, top]
+    return [shares, top, *tables]
+
+
+def float8_tables(label: str, cmp: dict) -> list[dict]:
+    """A float8 row's float8_vs_bf16 as two tables: ms per step by category, and the kernels that grew most."""
+    if "error" in cmp:
+        return []
+    by_category = {
+        "title": f"{label} against {cmp['bf16_row']}, from their traces (ms per step, {cmp['steps']} profiled steps)",
+        "columns": ["", "bf16 ms", "float8 ms", "float8 - bf16 ms"],
+        "rows": [[c, round(b, 2), round(f, 2), round(d, 2)] for c, b, f, d in cmp["ms_per_step"]]
+        + [
+            ["  of float8: GEMM kernels bf16 has not got", "", round(cmp["float8_only_ms"]["gemm"], 2), ""],
+            ["  of float8: other kernels bf16 has not got", "", round(cmp["float8_only_ms"]["other"], 2), ""],
+        ],
+    }
+    growth = {
+        "title": f"Kernels whose time grew most from bf16 to {label} (ms per step)",
+        "columns": ["kernel", "category", "bf16 ms", "float8 ms", "float8 - bf16 ms", "float8 calls/step"],
+        "rows": [
+            [
+                g["kernel"][:90],
+                g["category"],
+                round(g["bf16_ms"], 2),
+                round(g["float8_ms"], 2),
+                round(g["delta_ms"], 2),
+                g["float8_calls_per_step"],
+            ]
+            for g in cmp["growth"]
+        ],
+    }
+    return [by_category, growth]
 
 
 def comparison_flops(ctx: Context, pairs) -> dict:
@@ -1106,7 +1277,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"seconds this script may take; rows that would not fit are skipped (default {BUDGET_S:.0f}; "
         "none with --full and --smoke)",
     )
-    p.add_argument("--no-profile", action="store_true", help="do not profile the first row")
+    p.add_argument("--no-profile", action="store_true", help="do not profile the first row (nor its float8 twins)")
+    p.add_argument(
+        "--compare-traces",
+        nargs=2,
+        type=Path,
+        metavar=("BF16_TRACE", "FLOAT8_TRACE"),
+        help="run nothing: print where float8's step time goes against bf16's from two kept traces "
+        f"(gpu_throughput_trace_*.json.gz, {PROFILE_STEPS} profiled steps each)",
+    )
     p.add_argument("--no-dense", action="store_true", help="no looped-vs-dense comparison")
     p.add_argument(
         "--dense-attention",
@@ -1205,11 +1384,29 @@ def inject_oom_main(at_step: int, train_argv: list[str]) -> int:
     return train_main(train_argv)
 
 
+def compare_traces_main(bf16: Path, float8: Path) -> int:
+    """--compare-traces: float8_vs_bf16 of two kept traces, printed."""
+    try:
+        cmp = float8_vs_bf16(read_trace(bf16), read_trace(float8))
+    except (OSError, ValueError, EOFError) as e:
+        print(f"gpu_throughput: --compare-traces: cannot read the traces: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    for table in float8_tables(float8.name, {"bf16_row": bf16.name, **cmp}):
+        print(table["title"])
+        print("  " + " | ".join(table["columns"]))
+        for row in table["rows"]:
+            print("  " + " | ".join(str(x) for x in row))
+    print(cmp["explanation"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--inject-oom"]:
         return inject_oom_main(int(argv[1]), argv[2:])
     a = parse_args(argv)
+    if a.compare_traces:
+        return compare_traces_main(*a.compare_traces)
     gpu_check.exit_on_sigterm()  # a part stopped by gpu_session stops its run on the way out
     import torch
 
@@ -1238,6 +1435,7 @@ def main(argv: list[str] | None = None) -> int:
             machine = f"CPU only (smoke run: tiny shapes, numbers meaningless), torch {torch.__version__}"
         start = time.perf_counter()
         pairs = run_plan(ctx, jobs, t8, log=lambda line: print(line, flush=True))
+        attach_float8_comparisons(pairs, ctx)
         wall = time.perf_counter() - start
         print(f"gpu_throughput: {len(pairs)} runs in {wall:.0f} s ({machine})")
         meta = {

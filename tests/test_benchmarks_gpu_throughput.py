@@ -183,6 +183,119 @@ def test_trace_summary_without_cuda_uses_outermost_cpu_operators():
         gt.summarize_trace({"traceEvents": []})
 
 
+BF16_GEMM, F8_GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "nvjet_sm90_qqtst_128x256_128x4_2x1_v_bz_TNT"
+
+
+def _bf16_trace():
+    # 2 steps of: GEMM 40, attention 20, the SiLU kernel 10 and 10 us idle
+    return {
+        "traceEvents": [
+            ev
+            for t0 in (0, 80)
+            for ev in (
+                _kernel(BF16_GEMM, t0, 40),
+                _kernel("flash_fwd_kernel<traits>", t0 + 40, 20),
+                _kernel("triton_poi_fused_mul_silu_3", t0 + 60, 10),
+            )
+        ]
+    }
+
+
+def _float8_trace():
+    # 2 steps of: float8 GEMM 25 (faster), the LM head's bf16 GEMM 5, attention 20, the same SiLU kernel under
+    # another index, an amax 15 and a cast 10 (new), and 10 us idle: 85 us of kernels against bf16's 70
+    events = []
+    for t0 in (0, 95):
+        t = t0
+        for name, dur in (
+            (F8_GEMM, 25),
+            (BF16_GEMM, 5),
+            ("flash_fwd_kernel<traits>", 20),
+            ("triton_poi_fused_mul_silu_7", 10),
+            ("triton_red_fused_abs_amax_0", 15),
+            ("triton_poi_fused__to_copy_clamp_mul_1", 10),
+        ):
+            events.append(_kernel(name, t, dur))
+            t += dur
+    return {"traceEvents": events}
+
+
+def test_float8_against_bf16_from_two_traces():
+    c = gt.float8_vs_bf16(_bf16_trace(), _float8_trace(), steps=2)
+    ms = {row[0]: row[1:] for row in c["ms_per_step"]}
+    # us per step / 1000: GEMM 40 -> 30, attention 20 -> 20, elementwise 10 -> 35, idle 10 -> 10 (between steps)
+    assert ms["gemm"] == pytest.approx([0.040, 0.030, -0.010])
+    assert ms["attention"] == pytest.approx([0.020, 0.020, 0.0])
+    assert ms["elementwise"] == pytest.approx([0.010, 0.035, 0.025])
+    assert ms["idle"] == pytest.approx([0.005, 0.005, 0.0])  # one 10-us gap over 2 steps
+    assert ms["timeline"] == pytest.approx([0.075, 0.090, 0.015])  # first to last kernel
+    # the SiLU kernel matches across its two indices: only the float8 GEMM, the amax and the cast are new
+    assert c["float8_only_kernels"] == 3
+    assert c["float8_only_ms"] == pytest.approx({"gemm": 0.025, "other": 0.025})
+    assert [g["kernel"] for g in c["growth"]] == [
+        F8_GEMM,
+        "triton_red_fused_abs_amax",
+        "triton_poi_fused__to_copy_clamp_mul",
+    ]
+    assert c["growth"][0]["float8_calls_per_step"] == 1
+    e = c["explanation"]
+    assert "float8 takes 0.1 ms against bf16's 0.1 (slower)" in e and "GEMMs take 0.0 ms less (0.0 -> 0.0)" in e
+    # the other way round the GEMMs are slower and float8 faster: both said
+    back = gt.float8_vs_bf16(_float8_trace(), _bf16_trace(), steps=2)["explanation"]
+    assert "(faster)" in back and "GEMMs take 0.0 ms MORE" in back
+
+
+def test_float8_comparison_pairs_each_float8_row_with_its_bf16_twin(tmp_path):
+    ctx = gt.smoke_context(workdir=tmp_path, artifacts=tmp_path / "art")
+    ctx.artifacts.mkdir()
+    traces = {"b.json.gz": _bf16_trace(), "f.json.gz": _float8_trace()}
+    for name, trace in traces.items():
+        with gzip.open(ctx.artifacts / name, "wt") as f:
+            json.dump(trace, f)
+    shipped, tw = gt.Setting(2, "selective"), gt.Setting(2, "selective", "tensorwise")
+    other = gt.Setting(1, "loop", "tensorwise")  # profiled, but its bf16 twin is not: no comparison
+    pairs = []
+    for s, trace in ((shipped, "b.json.gz"), (tw, "f.json.gz"), (other, "f.json.gz")):
+        row = gt._row(gt.Job("matrix", s), "titanloop", "ok", tokens_per_s_gpu=1.0)
+        row.extra["profile"] = {"trace": trace, "steps": "step_9", "source": "cuda", "span_ms": 1.0, "shares": {}}
+        pairs.append((gt.Job("matrix", s, profile=True), row))
+    gt.attach_float8_comparisons(pairs, ctx)
+    assert "float8_vs_bf16" not in pairs[0][1].extra and "float8_vs_bf16" not in pairs[2][1].extra
+    cmp = pairs[1][1].extra["float8_vs_bf16"]
+    assert cmp["bf16_row"] == shipped.label and cmp["float8_only_kernels"] == 3
+    titles = [t["title"] for t in gt.float8_tables(tw.label, cmp)]
+    assert titles[0].startswith(f"{tw.label} against {shipped.label}") and "grew most" in titles[1]
+    (ctx.artifacts / "f.json.gz").write_text("not gzip")  # a damaged trace: the error, not a crash
+    gt.attach_float8_comparisons(pairs, ctx)
+    assert "error" in pairs[1][1].extra["float8_vs_bf16"]
+
+
+def test_compare_traces_command_line(tmp_path, capsys):
+    paths = []
+    for name, trace in (("b.json.gz", _bf16_trace()), ("f.json", _float8_trace())):
+        path = tmp_path / name
+        with gzip.open(path, "wt") if name.endswith(".gz") else open(path, "w") as f:
+            json.dump(trace, f)
+        paths.append(str(path))
+    assert gt.main(["--compare-traces", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "f.json against b.json.gz" in out and "triton_red_fused_abs_amax" in out and "(slower)" in out
+    assert gt.main(["--compare-traces", paths[0], str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read the traces" in err
+
+
+def test_the_first_rows_float8_twins_are_profiled():
+    ctx = gt.gpu_context()
+    jobs = gt.build_plan(ctx, gt.DEFAULT_MATRIX, profile=True, dense=False, always_titanloop_dense=False)
+    profiled = [j.setting for j in jobs if j.profile]
+    assert profiled == [gt.SHIPPED, *(dataclasses.replace(gt.SHIPPED, precision=p) for p in ("tensorwise", "rowwise"))]
+    assert not any(
+        j.profile
+        for j in gt.build_plan(ctx, gt.DEFAULT_MATRIX, profile=False, dense=False, always_titanloop_dense=False)
+    )
+
+
 @pytest.mark.parametrize(
     "name,cat,want",
     [
@@ -522,21 +635,28 @@ def test_smoke_run_through_the_command_line(tmp_path):
     assert doc["commit"] and "smoke" in doc["machine"] and doc["title"] == PENDING["gpu_throughput"]["title"]
     runs = {(r["job"]["role"], r["label"]): r for r in doc["result"]["runs"]}
     status = {role: [r["status"] for (rl, _), r in runs.items() if rl == role] for role, _ in runs}
-    assert sorted(status["matrix"]) == ["ok", "ok", "oom", "unsupported"], status
+    assert sorted(status["matrix"]) == ["ok", "ok", "ok", "oom", "unsupported"], status
     assert status["t8"] == ["ok"] and status["looped"] == ["ok"] and status["titanloop_dense"] == ["ok"]
     assert status["dense"] == ["ok"], [r["reason"] for (rl, _), r in runs.items() if rl == "dense"]
     prof = next(r["extra"]["profile"] for r in runs.values() if "profile" in r["extra"])
     assert prof["source"] == "cpu_op" and prof["top"] and abs(sum(prof["shares"].values()) - 1) < 0.2
     with gzip.open(art / prof["trace"]) as f:
         assert json.load(f)["traceEvents"]
+    # the float8 twin of the first row was profiled too, and set against it from the two traces
+    f8 = next(r for r in runs.values() if r["precision"] == "tensorwise")
+    assert f8["extra"]["profile"]["trace"] != prof["trace"] and (art / f8["extra"]["profile"]["trace"]).is_file()
+    cmp = f8["extra"]["float8_vs_bf16"]
+    assert "error" not in cmp and cmp["source"] == "cpu_op" and "Per step, float8 takes" in cmp["explanation"]
+    assert any(t["title"].startswith(f"{f8['label']} against ") for t in doc["tables"])
     assert (art / "g.json").is_file() and list(art.glob("*.log"))
     rows = {r["row"]: r for r in doc["summary"]}
     assert any(
         name.startswith("titanloop looped / torchtitan dense") and r["target"] == ">= 1.0" for name, r in rows.items()
     )
     assert any(name.startswith("MFU, bf16, T=4") and r["measured"] == "n/a (no GPU)" for name, r in rows.items())
+    assert rows["float8 tensorwise against bf16, from the traces"]["measured"] == cmp["explanation"]
     assert [t["title"].split(" (")[0] for t in doc["tables"]][:2] == [
         "Training matrix",
         "Looped vs dense at equal FLOPs per token",
     ]
-    assert "[8/8]" in proc.stdout and "OOM: exit 1: torch.OutOfMemoryError" in proc.stdout
+    assert "[9/9]" in proc.stdout and "OOM: exit 1: torch.OutOfMemoryError" in proc.stdout
