@@ -671,7 +671,7 @@ def write_plans(a: argparse.Namespace) -> int:
 def estimates(a: argparse.Namespace) -> list[tuple[str, float]]:
     """(row, estimated seconds on one H100) of every row these arguments run, in order: what --budget-s uses."""
     rows = [] if a.skip_single else [("single-GPU checks", SINGLE_CHECKS_S)]
-    rows.append(("kernel choice", KERNEL_CHOICE_S))
+    rows += [] if a.skip_kernel_choice else [("kernel choice", KERNEL_CHOICE_S)]
     for spec in [] if a.skip_train else training_runs(a):
         est = run_estimate_s(a.name, a.overrides, spec.n_loops, a.seq_len, a.micro_batch, spec.steps, spec.precision)
         rows.append((f"train {spec.label}", est))
@@ -906,6 +906,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--skip-train", action="store_true", help="no training runs (single-GPU checks only)")
     parser.add_argument("--skip-single", action="store_true", help="no in-process single-GPU checks")
+    parser.add_argument(
+        "--skip-kernel-choice", action="store_true", help="no kernel-choice run (its 2-step compiled torchrun)"
+    )
     memory_run = f"bf16, T = 4, AC {MEMORY_AC}, {MEMORY_STEPS} steps, compiled and eager"
     parser.add_argument("--skip-memory-run", action="store_true", help=f"no memory runs ({memory_run})")
     parser.add_argument(
@@ -1029,7 +1032,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.skip_single:
             skip = a.budget.skip_reason(SINGLE_CHECKS_S)
             emit([Check("single-GPU checks", None, skip)] if skip else _single_gpu_checks(), printed=not skip)
-        emit([_check_kernel_choice(a, workdir)])
+        if not a.skip_kernel_choice:
+            emit([_check_kernel_choice(a, workdir)])
         for spec in [] if a.skip_train else training_runs(a):
             res, rows = _train(a, spec, workdir, plans)
             runs.append(res)

@@ -737,6 +737,13 @@ def test_default_run_fits_eight_minutes_with_the_wheels(capsys):
     full = gc.parse_args(["--full"])
     full.name, full.overrides, full.n_gpus = "ouro-1.4b", {}, 1
     assert {"preemption", "learning", "train T=8 rowwise"} <= {r for r, _ in gc.estimates(full)}
+    # what the next GPU call of issue 34 runs: rowwise at T = 8 (with its bf16 judge) and the preemption row
+    rest = gc.parse_args(
+        ["--skip-single", "--skip-kernel-choice", "--skip-memory-run", "--loops", "8"]
+        + ["--precisions", "bf16,rowwise", "--preemption"]
+    )
+    rest.name, rest.overrides, rest.n_gpus = "ouro-1.4b", {}, 1
+    assert [r for r, _ in gc.estimates(rest)] == ["train T=8 bf16", "train T=8 rowwise", "preemption"]
     assert gc.main(["--estimate"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith(f"estimated {sum(s for _, s in rows):.0f} s on one H100 for ouro-1.4b")
