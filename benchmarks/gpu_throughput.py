@@ -6,9 +6,10 @@ train_configs/debug.toml, built by scripts/gpu_check.py's `train_args`; torchtit
  1. The matrix at the Ouro-1.4B shape (`--model.preset ouro-1.4b`, vocab 49152, 4096 tokens/sequence, T = 4, FSDP2
     world 1, compile, document masking): sequences per step (micro-batch) x activation-checkpoint policy
     (`--parallelism.activation_checkpoint`, and per-loop AC keeping its first loops, `--parallelism.ac_kept_loops`)
-    x precision (`--float8.recipe off|tensorwise|rowwise`), then T = 8 for the fastest T = 4 setting whose AC holds
-    no more loops at T = 8 (per-loop or per-layer AC: without AC or with selective AC, T = 8 at 4K does not fit one
-    80 GB GPU). Each row:
+    x precision (`--float8.recipe off|tensorwise|rowwise`), the shipped setting accumulating two micro-batches per
+    step (`--training.global_batch_size`, as every stage config accumulates), then T = 8 for the fastest T = 4
+    setting whose AC holds no more loops at T = 8 (per-loop or per-layer AC: without AC or with selective AC, T = 8
+    at 4K does not fit one 80 GB GPU). Each row:
     tokens/s/GPU (median over the logged steps after the warm-up, from metrics.jsonl, with `--metrics.breakdown
     false` so that the step timer adds no barriers), MFU (the trainer's own `mfu`, every loop counted), peak GiB
     (`max_mem_gib`), or why there is no number: out of memory (a row, not a crash), a value this trainer does not
@@ -118,7 +119,10 @@ BUDGET_S = CALL_S - INSTALL_S - 15  # this script's own budget by default (15 s 
 RUN_OVERHEAD_S = 30.0  # one torchrun: start, imports, process group, build + init 1.4B, first-step compile (~10 s)
 FLOAT8_OVERHEAD_S = 5.0  # float8 conversion and its larger graphs
 DENSE_OVERHEAD_S = 75.0  # torchtitan: the same, + its FlexAttention compile (max_autotune, coordinate descent)
-PROFILE_EXPORT_S = 15.0  # two profiled steps: the profiler, exporting and summarizing the chrome trace
+# two profiled steps: the profiler, exporting and summarizing the chrome trace. At 474e7ab the profiled per-loop
+# row spent 23.8 s besides its steps against 24.3 s for the unprofiled kept-2 row (gpu_throughput.json): the export
+# is within the noise of the start-up; 5 s is kept for float8's larger traces
+PROFILE_EXPORT_S = 5.0
 STEP_S = 0.53  # 1.4B, T = 4, 1 x 4K, bf16, per-loop AC: 0.53 s (7,380-7,618 tokens/s)
 AC_STEP_FACTOR = {"none": 0.88, "layer": 1.0, "loop": 1.0, "selective": 0.8, "auto": 1.0}  # none: 8,564 tokens/s;
 # selective: 12,866 against 9,991 for per loop at 2 x 4K (474e7ab)
@@ -134,7 +138,7 @@ OOM_PATTERNS = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of me
 class Setting:
     """One row of the matrix: overrides of the trainer's config (data-driven: add a Setting to add a row)."""
 
-    micro_batch: int  # sequences per step (world 1, no accumulation)
+    micro_batch: int  # sequences per forward-backward (world 1: per step, unless extra sets GLOBAL_BATCH)
     ac: str  # --parallelism.activation_checkpoint
     precision: str = "off"  # --float8.recipe
     n_loops: int = 4  # --loop_sampler.n_loops
@@ -151,6 +155,12 @@ class Setting:
             " (injected OOM)" if self.inject_oom else ""
         )
 
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences per optimizer step (world 1): the micro-batch, times the micro-batches accumulated when `extra`
+        sets training.global_batch_size."""
+        return int(dict(self.extra).get(GLOBAL_BATCH, self.micro_batch))
+
     def overrides(self) -> list[str]:
         """What this setting adds to the base arguments (float8 goes through train_args' precision)."""
         args = ["--parallelism.activation_checkpoint", self.ac]
@@ -162,17 +172,21 @@ class Setting:
 SHIPPED = Setting(SHIPPED_MB, SHIPPED_AC)
 # per-loop AC that keeps the first k loops (parallelism.ac_kept_loops): recomputes T - k loops
 KEPT_LOOPS = "parallelism.ac_kept_loops"
+# sequences per step; twice the micro-batch accumulates two micro-batches per step, as every stage config does
+GLOBAL_BATCH = "training.global_batch_size"
 # The default matrix, in priority order (each row's estimate must fit what is left of --budget-s): the shipped
 # setting and its float8 tensorwise twin (issue 35's targets), then the other AC policies that fit 2 x 4K at T = 4
 # on one H100 (measured at 474e7ab: per loop 34.8 GiB, selective 58.6, 2 of 4 loops kept 60.6; none plans 72.6 GB
-# eager, too close to 80 GB to try), then rowwise and 1 x 4K without AC.
+# eager, too close to 80 GB to try), then rowwise, then the shipped setting accumulating two micro-batches per step
+# as the configs do (its plan holds the fp32 gradients through the second micro-batch: 63.9 GiB against 58.6; no
+# other row has accumulated).
 DEFAULT_MATRIX = [
     SHIPPED,
     Setting(SHIPPED_MB, SHIPPED_AC, "tensorwise"),
     *(Setting(SHIPPED_MB, ac) for ac in ("selective", "loop") if ac != SHIPPED_AC),
     Setting(SHIPPED_MB, "loop", extra=((KEPT_LOOPS, "2"),)),
     Setting(SHIPPED_MB, SHIPPED_AC, "rowwise"),
-    Setting(1, "none"),
+    Setting(SHIPPED_MB, SHIPPED_AC, extra=((GLOBAL_BATCH, str(2 * SHIPPED_MB)),)),
 ]
 # --full: every micro-batch x AC policy x precision, and both optimizer implementations (where the trainer has them)
 FULL_MATRIX = [SHIPPED] + [
@@ -357,7 +371,7 @@ def step_estimate_s(ctx: Context, s: Setting, model_overrides: dict | None = Non
         STEP_S
         * flops
         / ref
-        * s.micro_batch
+        * s.sequences_per_step
         * ctx.seq_len
         / SEQ_LEN
         * AC_STEP_FACTOR.get(s.ac, 1.0)
@@ -675,6 +689,11 @@ def _timeout(ctx: Context, estimate: float, remaining: float | None) -> float:
     return limit if remaining is None else max(30.0, min(limit, remaining))
 
 
+def step_seconds(ctx: Context, s: Setting, tokens_per_s_gpu: float) -> float:
+    """Seconds per optimizer step (world 1) from the measured tokens/s: every accumulated micro-batch counts."""
+    return s.sequences_per_step * ctx.seq_len / tokens_per_s_gpu
+
+
 def run_titanloop(ctx: Context, job: Job, remaining: float | None) -> Row:
     s = job.setting
     ctx.launches += 1
@@ -707,8 +726,7 @@ def run_titanloop(ctx: Context, job: Job, remaining: float | None) -> Row:
         m = median_throughput(gpu_check._metrics(run_dir), ctx.warmup, exclude, ctx.n_gpus)
     except ValueError as e:
         return _row(job, "titanloop", "failed", str(e), **common)
-    step_s = s.micro_batch * ctx.seq_len / m["tokens_per_s_gpu"]  # world 1: global batch = micro-batch
-    row = _row(job, "titanloop", "ok", step_s=step_s, **m, **common)
+    row = _row(job, "titanloop", "ok", step_s=step_seconds(ctx, s, m["tokens_per_s_gpu"]), **m, **common)
     if job.profile:
         row.extra["profile"] = profile_summary(ctx, run_dir)
     return row

@@ -361,6 +361,14 @@ def test_default_matrix_fits_one_call_of_eight_minutes():
     assert gt.plan_estimate_s(ctx, full) > 3 * gt.CALL_S  # --full does not fit one call (it has no budget)
     # + both optimizer implementations + per-loop AC keeping 1, 2 or 3 of the 4 loops
     assert len(gt.FULL_MATRIX) == len(gt.PRECISIONS) * len(gt.MICRO_BATCHES) * len(gt.AC_POLICIES) + 2 + 3
+    # the shipped setting accumulating two micro-batches, as the configs do (no other row accumulates), accepted by
+    # the trainer with its global batch overriding the base's
+    acc = [s for s in gt.DEFAULT_MATRIX if s.sequences_per_step != s.micro_batch]
+    assert [(s.micro_batch, s.ac, s.sequences_per_step) for s in acc] == [(mb, ac, 2 * mb)]
+    base, setting_args = gt.titanloop_args(ctx, gt.Job("matrix", acc[0]), Path("/tmp/x"))
+    assert gt.check_accepted(base, setting_args, 1) == (True, "")
+    cfg = load_config(gt.gpu_check.TRAIN_CONFIG, base + setting_args, world_size=1)
+    assert (cfg.training.micro_batch_size, cfg.training.global_batch_size) == (mb, 2 * mb)
     kept = [s for s in gt.DEFAULT_MATRIX if s.extra == ((gt.KEPT_LOOPS, "2"),)]
     assert kept and kept[0].overrides() == [
         *("--parallelism.activation_checkpoint", "loop"),
@@ -371,6 +379,11 @@ def test_default_matrix_fits_one_call_of_eight_minutes():
 def test_step_and_job_estimates_follow_the_time_model():
     ctx = gt.gpu_context()
     assert gt.step_estimate_s(ctx, gt.Setting(1, "loop")) == pytest.approx(gt.STEP_S)
+    # two micro-batches accumulated per step: twice the step, and the step time counts both from tokens/s
+    acc = gt.Setting(2, "loop", extra=((gt.GLOBAL_BATCH, "4"),))
+    assert acc.sequences_per_step == 4 and gt.Setting(2, "loop").sequences_per_step == 2
+    assert gt.step_estimate_s(ctx, acc) == pytest.approx(4 * gt.STEP_S)
+    assert gt.step_seconds(ctx, acc, 8192.0) == pytest.approx(2.0)
     assert gt.step_estimate_s(ctx, gt.Setting(2, "loop", "tensorwise")) == pytest.approx(2 * gt.STEP_S * 1.2)
     t8 = gt.step_estimate_s(ctx, gt.Setting(1, "loop", n_loops=8)) / gt.STEP_S
     assert t8 == pytest.approx(2.0, rel=1e-3)  # every loop's stack and readout, twice as many loops
