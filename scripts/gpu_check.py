@@ -934,7 +934,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--smoke",
         action="store_true",
         help="no GPU: the whole orchestration on the CPU at tiny sizes (debug-tiny, 256 tokens, 3 steps, no "
-        "single-GPU checks, no preemption row); its numbers and verdicts mean nothing",
+        "single-GPU checks, no preemption row unless --preemption, which runs it as on the GPU: about 10 minutes on "
+        "2 cores); its training numbers and verdicts mean nothing, the preemption row's do",
     )
     parser.add_argument("--out", type=Path, default=RESULT_JSON, help="result json (default %(default)s)")
     parser.add_argument("--no-json", action="store_true", help="print the table only")
@@ -974,7 +975,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             load_config(TRAIN_CONFIG, learning_args(Path("runs/learning"), 1, a.learning_extra), world_size=1)
         except ValueError as e:  # the trainer's ConfigError, one line saying what is wrong
             parser.error(f"--learning-args {a.learning_args!r}: {e}")
-    a.preemption = (a.preemption or a.full) and not a.smoke
+    a.preemption = a.preemption or (a.full and not a.smoke)  # --smoke --preemption: the row on the CPU (~10 min)
     return a
 
 
