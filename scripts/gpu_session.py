@@ -25,7 +25,9 @@ stopped 60 s past it if it has not ended. Each rewrites its json as it goes, so 
 Before the parts, the wheels in .whl/ are installed into /tmp/site (shared/GPU.md) when torchtitan or torchao does
 not import. --out receives at most 5 files: gpu_check.json, gpu_eval.json, gpu_throughput.json, session.json (each
 part's command, budget, exit code and seconds) and logs.tar.gz (each part's output, every run's log and metrics, the
-gzipped trace; checkpoints left out). `--smoke` runs the parts at their CPU smoke sizes (no GPU needed).
+gzipped traces; checkpoints left out; kept under 15 MiB, as the device tool brings back no file over 16 MiB, by
+leaving out the files that compress largest, which session.json then names). `--smoke` runs the parts at their
+CPU smoke sizes (no GPU needed).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ OVERRUN_S = 60.0  # a part is stopped this long after its own budget
 SITE = Path("/tmp/site")
 LOG_SUFFIXES = (".log", ".jsonl", ".json", ".gz", ".txt")
 MAX_LOG_BYTES = 20 * 2**20  # a file larger than this stays out of logs.tar.gz
+# The device tool brings back files of at most 16 MiB: a larger logs.tar.gz would not come back at all (three
+# profiled throughput rows keep ~3-5 MiB of gzipped trace each, beside the profiler's raw traces in the run dirs)
+TARBALL_CAP = 15 * 2**20
 
 
 def parse_parts(text: str) -> list[tuple[str, float | None]]:
@@ -162,15 +167,33 @@ def run_part(cmd: list[str], log: Path, timeout: float, env: dict) -> int | None
         return code
 
 
-def pack_logs(work: Path, tarball: Path) -> int:
-    """Every small log, metrics, json and trace file under `work` into `tarball`; how many went in."""
-    count = 0
+def _gzipped_size(path: Path) -> int:
+    """Bytes `path` takes gzipped (as tarfile's "w:gz" compresses it, to within the tar headers)."""
+    import zlib
+
+    packer, size = zlib.compressobj(6, zlib.DEFLATED, 31), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            size += len(packer.compress(chunk))
+    return size + len(packer.flush())
+
+
+def pack_logs(work: Path, tarball: Path, cap: int = TARBALL_CAP) -> tuple[int, list[str]]:
+    """Every small log, metrics, json and trace file under `work` into `tarball`, kept under `cap` bytes by leaving
+    out the files that compress largest (the profiler's raw traces first); (how many went in, those left out)."""
+    files = [p for p in sorted(work.rglob("*")) if p.is_file() and p.suffix in LOG_SUFFIXES]
+    files = [p for p in files if p.stat().st_size <= MAX_LOG_BYTES]
+    size = {p: _gzipped_size(p) + 1024 for p in files}  # + a tar header and padding each
+    kept, total = set(), 1024
+    for p in sorted(files, key=size.get):
+        if total + size[p] <= cap:
+            kept.add(p)
+            total += size[p]
     with tarfile.open(tarball, "w:gz") as tar:
-        for path in sorted(work.rglob("*")):
-            if path.is_file() and path.suffix in LOG_SUFFIXES and path.stat().st_size <= MAX_LOG_BYTES:
-                tar.add(path, arcname=str(path.relative_to(work)))
-                count += 1
-    return count
+        for p in files:
+            if p in kept:
+                tar.add(p, arcname=str(p.relative_to(work)))
+    return len(kept), [f"{p.relative_to(work)} ({size[p] / 2**20:.1f} MiB gzipped)" for p in files if p not in kept]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -259,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_session: {name} ended: exit {code} after {record['seconds']} s", flush=True)
         session["parts"].append(record)
         (a.out / "session.json").write_text(json.dumps(session, indent=2) + "\n")
-    n = pack_logs(work, a.out / "logs.tar.gz")
+    n, left_out = pack_logs(work, a.out / "logs.tar.gz")
     shutil.rmtree(work, ignore_errors=True)  # (the eval part's checkpoints are GBs)
+    if left_out:
+        session["logs_left_out"] = left_out
+        print(f"gpu_session: left out of logs.tar.gz to keep it under {TARBALL_CAP >> 20} MiB: {', '.join(left_out)}")
     session["seconds"] = round(time.monotonic() - start, 1)
     (a.out / "session.json").write_text(json.dumps(session, indent=2) + "\n")
     print(f"gpu_session: {session['seconds']} s; {n} log files in {a.out / 'logs.tar.gz'}; results in {a.out}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -171,9 +172,28 @@ def test_logs_tarball_keeps_logs_not_checkpoints(tmp_path):
     (work / "eval" / "ckpt" / "__0_0.distcp").write_bytes(b"0" * 100)
     (work / "throughput").mkdir()
     (work / "throughput" / "big.log").write_bytes(b"0" * (gs.MAX_LOG_BYTES + 1))
-    assert gs.pack_logs(work, tmp_path / "logs.tar.gz") == 2
+    assert gs.pack_logs(work, tmp_path / "logs.tar.gz") == (2, [])
     with tarfile.open(tmp_path / "logs.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["check/T4-bf16-loop.log", "check/T4-bf16-loop/metrics.jsonl"]
+
+
+def test_logs_tarball_stays_under_what_the_device_tool_brings_back(tmp_path):
+    """A tarball over 16 MiB would not come back at all: the files that compress largest are left out, and named."""
+    work = tmp_path / "w"
+    run = work / "throughput" / "01-matrix" / "profiles" / "step_9"
+    run.mkdir(parents=True)
+    (work / "throughput" / "01-matrix.log").write_text("step 1 | loss 10.9\n" * 1000)  # compresses to little
+    (work / "throughput" / "gpu_throughput_trace_01-matrix.json.gz").write_bytes(os.urandom(200_000))
+    (run / "rank0_trace.json").write_bytes(os.urandom(250_000))  # the profiler's raw trace: the largest
+    n, left_out = gs.pack_logs(work, tmp_path / "logs.tar.gz", cap=300_000)
+    assert n == 2 and left_out == ["throughput/01-matrix/profiles/step_9/rank0_trace.json (0.2 MiB gzipped)"]
+    assert (tmp_path / "logs.tar.gz").stat().st_size <= 300_000
+    with tarfile.open(tmp_path / "logs.tar.gz") as tar:
+        assert sorted(tar.getnames()) == [
+            "throughput/01-matrix.log",
+            "throughput/gpu_throughput_trace_01-matrix.json.gz",
+        ]
+    assert gs.TARBALL_CAP < 16 * 2**20
 
 
 @pytest.mark.slow
