@@ -494,6 +494,17 @@ def _device_events(trace: dict) -> tuple[list[dict], str]:
     return device, source
 
 
+def _totals(device: list[dict], key=lambda name: name) -> dict[str, list]:
+    """{key(kernel name): [calls, total us, category]} over device events (the category of the first of a key's)."""
+    out: dict[str, list] = {}
+    for e in device:
+        name = e.get("name", "?")
+        rec = out.setdefault(key(name), [0, 0.0, kernel_category(name, e.get("cat", ""))])
+        rec[0] += 1
+        rec[1] += e["dur"]
+    return out
+
+
 def summarize_trace(trace: dict, top: int = 15) -> dict:
     """A torch.profiler chrome trace in numbers: the device timeline (CUDA kernels, memcpy/memset) from the first
     to the last event, its busy time (union of events over streams), each category's total time as a share of the
@@ -504,14 +515,10 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
     start = min(e["ts"] for e in device)
     span = max(e["ts"] + e["dur"] for e in device) - start
     busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in device])
+    by_name = _totals(device)
     by_cat = dict.fromkeys(CATEGORIES, 0.0)
-    by_name: dict[str, list] = {}
-    for e in device:
-        c = kernel_category(e.get("name", ""), e.get("cat", ""))
-        by_cat[c] += e["dur"]
-        rec = by_name.setdefault(e.get("name", "?"), [0, 0.0, c])
-        rec[0] += 1
-        rec[1] += e["dur"]
+    for _, d, c in by_name.values():
+        by_cat[c] += d
     total = sum(by_cat.values())
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
     return {
@@ -536,14 +543,7 @@ def kernel_stem(name: str) -> str:
 
 def kernel_totals(trace: dict) -> dict[str, list]:
     """{kernel stem: [calls, total us, category]} over a trace's device events (kernel_stem, _device_events)."""
-    device, _ = _device_events(trace)
-    out: dict[str, list] = {}
-    for e in device:
-        name = e.get("name", "?")
-        rec = out.setdefault(kernel_stem(name), [0, 0.0, kernel_category(name, e.get("cat", ""))])
-        rec[0] += 1
-        rec[1] += e["dur"]
-    return out
+    return _totals(_device_events(trace)[0], kernel_stem)
 
 
 def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_STEPS, top: int = 10) -> dict:
@@ -555,14 +555,10 @@ def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_ST
     per = 1e3 * steps  # us over the trace -> ms per step
     sums = {"bf16": summarize_trace(bf16_trace), "float8": summarize_trace(float8_trace)}
     totals = {"bf16": kernel_totals(bf16_trace), "float8": kernel_totals(float8_trace)}
-    ms = {}
+    # each category's (and idle's) share of the timeline, as ms per step; then the timeline itself
+    ms = {k: {c: v * sm["span_ms"] / steps for c, v in sm["shares"].items()} for k, sm in sums.items()}
     for k, sm in sums.items():
-        span = sm["span_ms"] * 1e3
-        cats = {c: 0.0 for c in CATEGORIES}
-        for calls, us, c in totals[k].values():
-            cats[c] += us
-        ms[k] = {**{c: v / per for c, v in cats.items()}, "idle": (span - sm["busy_ms"] * 1e3) / per}
-        ms[k]["timeline"] = span / per
+        ms[k]["timeline"] = sm["span_ms"] / steps
     rows = [[c, ms["bf16"][c], ms["float8"][c], ms["float8"][c] - ms["bf16"][c]] for c in ms["bf16"]]
     only = {n: v for n, v in totals["float8"].items() if n not in totals["bf16"]}
     new_gemm = sum(us for _, us, c in only.values() if c == "gemm") / per
@@ -587,7 +583,8 @@ def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_ST
     ]
     b, f = ms["bf16"], ms["float8"]
     d_gemm = f["gemm"] - b["gemm"]
-    d_rest = sum(f[c] - b[c] for c in CATEGORIES if c != "gemm") + f["idle"] - b["idle"]
+    d_kernels = sum(f[c] - b[c] for c in CATEGORIES if c != "gemm")
+    d_rest = d_kernels + f["idle"] - b["idle"]
     gemm_words = (
         f"its GEMMs take {-d_gemm:.1f} ms less ({b['gemm']:.1f} -> {f['gemm']:.1f})"
         if d_gemm < 0
@@ -597,7 +594,7 @@ def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_ST
     explanation = (
         f"Per step, float8 takes {f['timeline']:.1f} ms against bf16's {b['timeline']:.1f} ({verdict}): {gemm_words}; "
         f"everything else takes {d_rest:+.1f} ms (non-GEMM kernels "
-        f"{sum(f[c] - b[c] for c in CATEGORIES if c != 'gemm'):+.1f}, idle {f['idle'] - b['idle']:+.1f}), of which "
+        f"{d_kernels:+.1f}, idle {f['idle'] - b['idle']:+.1f}), of which "
         f"{new_other:.1f} ms are kernels the bf16 trace has not got (casts, scales, transposes: "
         f"{sum(1 for v in only.values() if v[2] != 'gemm')} kinds)."
     )
