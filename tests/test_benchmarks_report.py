@@ -188,3 +188,68 @@ def test_check_fails_on_a_stale_result_unless_known(tmp_path, monkeypatch):
     assert report.main(["--results", str(res), "--out", str(out), "--check", "--allow-stale"]) == 0
     monkeypatch.setattr(report, "KNOWN_STALE", {"x": "needs a GPU"})
     assert report.main(["--results", str(res), "--out", str(out), "--check"]) == 0
+
+
+def _doc(tmp_path, block_body="stale text\n", parts="summary; Rates"):
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    doc = docs / "guide.md"
+    doc.write_text(
+        f"# Guide\n\nbefore\n\n<!-- benchmarks.report x: {parts} -->\n{block_body}"
+        "<!-- /benchmarks.report -->\n\nafter\n"
+    )
+    return docs, doc
+
+
+def test_doc_blocks_are_generated_from_the_json_and_checked(tmp_path):
+    """A doc's generated block gets the json's rows; a hand edit inside it, or a json that changed since, fails
+    --check; the text around the block is kept."""
+    res = _write(tmp_path, tables=[{"title": "Rates (per GPU)", "columns": ["a", "b"], "rows": [[1, 2.5]]}])
+    docs, doc = _doc(tmp_path)
+    args = ["--results", str(res), "--out", str(tmp_path / "B.md"), "--docs", str(docs)]
+    assert _report(*args).returncode == 0
+    text = doc.read_text()
+    assert text.startswith("# Guide\n\nbefore\n\n<!-- benchmarks.report x: summary; Rates -->\n")
+    assert text.endswith("<!-- /benchmarks.report -->\n\nafter\n") and "stale text" not in text
+    assert "| ratio | 0.3 | <= 0.25 | no |" in text and "Rates (per GPU)\n\n| a | b |\n|---|---|\n| 1 | 2.5 |" in text
+    assert "(../results/x.json)" in text  # the link is relative to the doc
+    assert _report(*args, "--check", "--allow-stale").returncode == 0
+
+    doc.write_text(text.replace("| 1 | 2.5 |", "| 1 | 2.4 |"))  # someone edited a number by hand
+    proc = _report(*args, "--check", "--allow-stale")
+    assert proc.returncode == 1 and f"a generated block of {doc} is out of date" in proc.stderr
+    assert _report(*args).returncode == 0 and doc.read_text() == text  # regenerated
+
+    _write(tmp_path, tables=[{"title": "Rates (per GPU)", "columns": ["a", "b"], "rows": [[1, 3.5]]}])
+    assert _report(*args, "--check", "--allow-stale").returncode == 1  # the json moved on, the doc did not
+
+
+def test_doc_blocks_refuse_what_they_cannot_render(tmp_path):
+    res = _write(tmp_path, tables=[{"title": "Rates", "columns": ["a"], "rows": [[1]]}])
+    for body, parts, error in [
+        ("", "summary; Speeds", "'Speeds' starts 0 table titles of x.json, not one (its tables: 'Rates')"),
+        ("", "summary", None),
+    ]:
+        docs, doc = _doc(tmp_path, body, parts)
+        proc = _report("--results", str(res), "--out", str(tmp_path / "B.md"), "--docs", str(docs))
+        if error is None:
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert proc.returncode == 2 and proc.stderr.strip() == f"error: guide.md line 5: {error}"
+    doc.write_text("<!-- benchmarks.report nope: summary -->\n<!-- /benchmarks.report -->\n")
+    proc = _report("--results", str(res), "--out", str(tmp_path / "B.md"), "--docs", str(docs))
+    assert proc.returncode == 2 and "guide.md line 1: no result nope.json" in proc.stderr
+    doc.write_text("<!-- benchmarks.report x: summary -->\nno end\n")
+    proc = _report("--results", str(res), "--out", str(tmp_path / "B.md"), "--docs", str(docs))
+    assert proc.returncode == 2 and "guide.md line 1: generated block has no closing" in proc.stderr
+    assert doc.read_text() == "<!-- benchmarks.report x: summary -->\nno end\n"  # nothing written on an error
+
+
+def test_other_results_never_rewrite_the_real_docs(tmp_path):
+    """With --results elsewhere and no --docs, docs/ is neither read nor written (a test's results would
+    otherwise replace the real tables)."""
+    before = (ROOT / "docs" / "scaling.md").read_text()
+    assert "from [`benchmarks/results/gpu_throughput.json`]" in before  # the real block, not a pending one
+    res = _write(tmp_path)
+    assert _report("--results", str(res), "--out", str(tmp_path / "B.md")).returncode == 0
+    assert (ROOT / "docs" / "scaling.md").read_text() == before
