@@ -1,8 +1,9 @@
 """BENCHMARKS.md is generated from the committed benchmark results: one source for every benchmark number.
 
-    python -m benchmarks.report            # rewrite BENCHMARKS.md from benchmarks/results/*.json
-    python -m benchmarks.report --check    # exit 1 if BENCHMARKS.md is not what the json says, or a result is
-                                           #   older than the code it measures (CI test; KNOWN_STALE excepted)
+    python -m benchmarks.report            # rewrite BENCHMARKS.md (and docs' generated blocks) from the jsons
+    python -m benchmarks.report --check    # exit 1 if BENCHMARKS.md or a doc's generated block is not what the
+                                           #   json says, or a result is older than the code it measures
+                                           #   (CI test; KNOWN_STALE excepted)
     python -m benchmarks.report --check --allow-stale  # stale results reported only (while re-measuring)
 
 Staleness: each json records the commit it was measured on ("commit", full hash); MEASURES lists the paths of the
@@ -455,7 +456,11 @@ def render_docs(results: list[tuple[str, dict]], docs_dir: Path, results_dir: Pa
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="do not write; exit 1 if BENCHMARKS.md is out of date")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="do not write; exit 1 if BENCHMARKS.md or a doc's generated block is out of date",
+    )
     p.add_argument(
         "--allow-stale",
         action="store_true",
