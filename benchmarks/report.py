@@ -110,7 +110,9 @@ KNOWN_STALE: dict[str, str] = {
     "so the json's 'shipped setting' rows are of per-loop AC and its selective row is the new shipped setting's (its "
     "default and smoke matrices now start from that setting); "
     "the checkpointer's stager fix (2087731) is not run by it (checkpoint.enable false); since 71725ed it also "
-    "profiles the first row's float8 twins and sets their traces against the bf16 one (not yet run on a GPU)",
+    "profiles the first row's float8 twins and sets their traces against the bf16 one, and since "
+    "--compare-launches came in it launches the looped-vs-dense pair twice and judges the median ratio (neither "
+    "yet run on a GPU)",
 }
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.

@@ -15,9 +15,9 @@ most S seconds, a part without S gets an equal share of what is left of --budget
               "--steps 40": 333 s by `python scripts/gpu_check.py --estimate --steps 40`) adds options
   eval        scripts/gpu_eval_check.py (issue 36): validation == eval CLI, KV-cache generation, the 1.4B sweep
               (about 5 minutes by a rough estimate; its rows run in order until its budget is spent)
-  throughput  benchmarks/gpu_throughput.py (issue 35): the throughput matrix in priority order (the shipped setting
-              in bf16 and tensorwise first, then selective AC and kept loops), a profile, looped vs dense (`--plan`
-              gives its estimates)
+  throughput  benchmarks/gpu_throughput.py (issue 35): in priority order the shipped setting in bf16 (profiled),
+              looped vs dense, its float8 twins (profiled), looped vs dense again, the shipped setting accumulating,
+              then other AC policies and T = 8 as time allows (`--plan` gives its estimates)
 --throughput-args and --eval-args add options to those parts as --check-args does to the check.
 Each part gets its budget as its own --budget-s (its rows that no longer fit are skipped, its runs stopped), and is
 stopped 60 s past it if it has not ended. Each rewrites its json as it goes, so a part cut short still reports.

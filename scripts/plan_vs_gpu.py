@@ -71,7 +71,8 @@ def throughput_runs(doc: dict) -> list[tuple[str, list[str], int, float]]:
     for run in doc["result"]["runs"]:
         # the job as the run recorded it; by its label in today's default matrix only where it recorded none
         job = gt.job_from_record(run["job"]) if run.get("job") else by_label.get(run["label"])
-        if job is None or job.role == "dense" or not run.get("peak_gib"):
+        # torchtitan's runs are not titanloop's to plan; a further launch of the comparison is the same run again
+        if job is None or job.role == "dense" or job.launch > 1 or not run.get("peak_gib"):
             continue
         base, setting = gt.titanloop_args(ctx, job, Path("/tmp/plan_vs_gpu"))
         out.append((f"gpu_throughput {run['label']}", base + setting, ctx.n_gpus, run["peak_gib"]))

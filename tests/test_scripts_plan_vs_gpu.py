@@ -41,6 +41,11 @@ def test_the_committed_runs_are_rebuilt_with_their_settings():
     assert _arg(runs["gpu_throughput T=4 2 seq, AC loop, float8 tensorwise"], "--float8.recipe") == "tensorwise"
     selective = runs["gpu_throughput T=4 2 seq, AC selective, bf16"]
     assert _arg(selective, "--parallelism.activation_checkpoint") == "selective"
+    # a second launch of the comparison (COMPARE_LAUNCHES) is the same run again: planned once
+    first = next(r for r in throughput["result"]["runs"] if r["label"].startswith("titanloop looped"))
+    again = {**first, "label": first["label"] + ", launch 2", "job": {**first["job"], "launch": 2}}
+    throughput["result"]["runs"].append(again)
+    assert [label for label, *_ in pvg.throughput_runs(throughput)] == list(runs)
 
 
 def test_a_subset_at_other_loop_counts_is_rebuilt_too():
