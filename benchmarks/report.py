@@ -335,6 +335,11 @@ def _table(columns: list, rows: list) -> list[str]:
     return lines
 
 
+def _titled_table(t: dict) -> list[str]:
+    """A result's table as markdown lines (its title first, when it has one), followed by a blank line."""
+    return ([t["title"], ""] if t.get("title") else []) + _table(t["columns"], t["rows"]) + [""]
+
+
 def measured_commit(name: str, repo: Path = ROOT) -> str | None:
     """The commit a benchmark writing result `name` measures now (HEAD), for its json's "commit". Measure committed
     code: with uncommitted changes under MEASURES[name] the result is stale from the start (a warning says so)."""
@@ -386,9 +391,7 @@ def render(results: list[tuple[str, dict]], repo: Path = ROOT, measures: dict | 
                 "",
             ]
         for t in d.get("tables", []):
-            if t.get("title"):
-                lines += [t["title"], ""]
-            lines += _table(t["columns"], t["rows"]) + [""]
+            lines += _titled_table(t)
         for note in d.get("notes", []):
             lines += [note, ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -427,17 +430,18 @@ def _doc_block(doc: Path, line_no: int, name: str, parts: str, results: dict, re
             raise ResultError(
                 f"{where}: {part!r} starts {len(tables)} table titles of {name}.json, not one (its tables: {titles})"
             )
-        lines += [tables[0]["title"], ""] + _table(tables[0]["columns"], tables[0]["rows"]) + [""]
+        lines += _titled_table(tables[0])
     return lines[:-1]
 
 
 def render_docs(results: list[tuple[str, dict]], docs_dir: Path, results_dir: Path = RESULTS) -> dict[Path, str]:
-    """{doc: its text with every generated block rewritten from the results}, for the docs under `docs_dir` that
-    have such a block."""
+    """{doc: its text with every generated block rewritten from the results}, only for the docs under `docs_dir`
+    whose text that changes (the out-of-date ones; each doc is read once)."""
     by_name = dict(results)
     out = {}
     for doc in sorted(docs_dir.glob("*.md")):
-        src = doc.read_text().split("\n")
+        old = doc.read_text()
+        src = old.split("\n")
         text, i, found = [], 0, False
         while i < len(src):
             text.append(src[i])
@@ -451,8 +455,9 @@ def render_docs(results: list[tuple[str, dict]], docs_dir: Path, results_dir: Pa
                 raise ResultError(f"{doc.name} line {i + 1}: generated block has no closing {_BLOCK_CLOSE}")
             text += _doc_block(doc, i + 1, m["name"], m["parts"], by_name, results_dir) + [_BLOCK_CLOSE]
             i = end + 1
-        if found:
-            out[doc] = "\n".join(text)
+        new = "\n".join(text)
+        if found and new != old:
+            out[doc] = new
     return out
 
 
@@ -482,11 +487,10 @@ def main(argv=None) -> int:
     try:
         results = load_results(a.results)
         text = render(results)
-        docs = render_docs(results, docs_dir, a.results) if docs_dir else {}
+        docs = render_docs(results, docs_dir, a.results) if docs_dir else {}  # the out-of-date ones
     except ResultError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    old_docs = [doc for doc, new in docs.items() if doc.read_text() != new]
     if a.check:
         stale = [
             (name, why)
@@ -515,19 +519,19 @@ def main(argv=None) -> int:
                 file=sys.stderr,
             )
             return 1
-        for doc in old_docs:
+        for doc in docs:
             print(
                 f"error: a generated block of {doc} is out of date with {a.results} (or was edited by hand); "
                 "regenerate it: python -m benchmarks.report",
                 file=sys.stderr,
             )
-        if old_docs:
+        if docs:
             return 1
         return 1 if failing and not a.allow_stale else 0
     a.out.write_text(text)
     print(f"wrote {a.out} from {len(list(a.results.glob('*.json')))} result file(s)")
-    for doc in old_docs:
-        doc.write_text(docs[doc])
+    for doc, new in docs.items():
+        doc.write_text(new)
         print(f"rewrote the generated blocks of {doc}")
     return 0
 
