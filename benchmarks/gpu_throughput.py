@@ -854,10 +854,12 @@ def build_plan(
     kernel (float8_vs_bf16). Each job carries its H100 estimate."""
     if not matrix:
         return []
-    rest = [
-        Job("matrix", s, profile=profile and s.precision != "off" and bf16_twin(s) == matrix[0]) for s in matrix[1:]
-    ]
-    twins = next((i for i, s in enumerate(matrix[1:]) if s.precision == "off" or bf16_twin(s) != matrix[0]), len(rest))
+
+    def float8_twin(s: Setting) -> bool:
+        return s.precision != "off" and bf16_twin(s) == matrix[0]
+
+    rest = [Job("matrix", s, profile=profile and float8_twin(s)) for s in matrix[1:]]
+    twins = next((i for i, s in enumerate(matrix[1:]) if not float8_twin(s)), len(rest))
     jobs = [Job("matrix", matrix[0], profile=profile)]
     if dense:
         layers = comparison_layers(ctx)
@@ -1427,13 +1429,16 @@ def matrix_of(a: argparse.Namespace) -> list[Setting]:
     return FULL_MATRIX if a.full else DEFAULT_MATRIX
 
 
+_BUDGET_ENDS = "  -- by the estimates the budget ends here: what follows runs only if the rows above are faster --"
+
+
 def print_plan(ctx: Context, jobs: list[Job], t8: bool) -> None:
     spent, past = 0.0, False
     for i, j in enumerate(jobs, 1):
         spent += j.estimate_s
         if ctx.budget_s is not None and spent > ctx.budget_s and not past:
             past = True
-            print("  -- by the estimates the budget ends here: what follows runs only if the rows above are faster --")
+            print(_BUDGET_ENDS)
         what = j.setting.label if j.role == "matrix" else _compare_label(j)
         print(f"  {i:2d}. {j.role:<15} {what}{' (profiled)' if j.profile else ''}: ~{j.estimate_s:.0f} s")
     total = plan_estimate_s(ctx, jobs) if t8 else sum(j.estimate_s for j in jobs)
@@ -1441,7 +1446,7 @@ def print_plan(ctx: Context, jobs: list[Job], t8: bool) -> None:
     if t8:
         t8_s = total - sum(j.estimate_s for j in jobs)
         if ctx.budget_s is not None and total > ctx.budget_s and not past:
-            print("  -- by the estimates the budget ends here: what follows runs only if the rows above are faster --")
+            print(_BUDGET_ENDS)
         print(f"  +   t8              T=8 of the fastest T=4 row with per-loop or per-layer AC: ~{t8_s:.0f} s at most")
     print(f"estimated {total:.0f} s on one H100 ({budget}; a call of {CALL_S} s includes ~{INSTALL_S} s for wheels)")
 
