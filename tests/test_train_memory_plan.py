@@ -175,3 +175,64 @@ def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled(monkeypat
     cfg, gate = plan("--parallelism.compile", "true", "--objective.name", "stage2_gate")
     assert compiled_saving_bytes(cfg) == 0 and gate.peak == gate_eager.peak
     assert any(n.startswith("compiled: 0.00 GB fewer") for n in gate.notes), gate.notes
+
+
+def _saved_by_running_the_compiled_layer(model, dtype, float8: str) -> float:
+    """The compile probe's per-token saving the slow way: compile the layer, run its forward and backward, and read
+    what the backward graph receives from the forward (what the probe did until it read the partition itself)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from titanloop.train import memory_plan
+
+    torch.manual_seed(0)
+    layer = memory_plan.DecoderLayer(model).to(dtype=dtype)
+    if float8 != "off":
+        memory_plan._float8_layer(layer, float8)
+    saved = {}
+    for seq in memory_plan.COMPILE_PROBE_SEQ:
+
+        def backward_graph(gm, _, seq=seq):
+            nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            vals = [n.meta.get("val") for n in nodes if not n.name.startswith(("primals_", "tangents_"))]
+            saved[seq] = sum(v.untyped_storage().nbytes() for v in vals if isinstance(v, torch.Tensor))
+            return make_boxed_func(gm.forward)
+
+        def partition(joint, inputs, **kw):
+            return min_cut_rematerialization_partition(joint, inputs, compiler="inductor", **kw)
+
+        backend = aot_autograd(
+            fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=backward_graph, partition_fn=partition
+        )
+        x = torch.randn(1, seq, model.hidden_size, dtype=dtype, requires_grad=True)
+        cos, sin = memory_plan.rope_cos_sin(torch.arange(seq), model.head_dim, model.rope_theta, dtype)
+        torch._dynamo.reset()
+        torch.compile(layer, backend=backend, fullgraph=True, dynamic=False)(x, cos, sin).float().sum().backward()
+        torch._dynamo.reset()
+    lo, hi = memory_plan.COMPILE_PROBE_SEQ
+    return (saved[hi] - saved[lo]) / (hi - lo)
+
+
+@pytest.mark.parametrize("float8", ["off", "rowwise"])
+def test_the_compile_probe_reads_what_the_compiled_backward_receives(float8, monkeypatch):
+    """layer_saved_bytes_per_token reads inductor's partition without compiling or running either graph; what it
+    reads must be what the backward graph gets when the compiled layer really runs forward and backward. A failure
+    inside the partition is not mistaken for the probe's own stop: it propagates."""
+    from titanloop.model.config import preset
+    from titanloop.train import memory_plan
+
+    model = preset("debug-small")
+    eager, compiled = memory_plan.layer_saved_bytes_per_token(model, torch.bfloat16, float8=float8)
+    assert compiled == _saved_by_running_the_compiled_layer(model, torch.bfloat16, float8)
+    assert 0 < compiled < eager
+
+    def broken(*args, **kwargs):
+        raise ValueError("a partitioner bug")
+
+    import torch._functorch.partitioners as partitioners
+
+    monkeypatch.setattr(partitioners, "min_cut_rematerialization_partition", broken)  # the probe imports it at call
+    with pytest.raises(Exception) as info:
+        memory_plan.layer_saved_bytes_per_token(model, torch.bfloat16, float8=float8)
+    assert memory_plan._caused_by(info.value, ValueError)
