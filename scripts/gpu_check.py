@@ -118,7 +118,10 @@ RUN_OVERHEAD_S = 30.0  # one torchrun: start, imports, build + init 1.4B, first-
 REF_STEP_S = 0.53  # ouro-1.4b, T = 4, 1 x 4096 tokens, bf16, per-loop AC: 7,380-7,618 tokens/s
 PRECISION_STEP_FACTOR = {"bf16": 1.0, "tensorwise": 1.2, "rowwise": 1.25}  # 0.84x and 0.81x of bf16's tokens/s
 SINGLE_CHECKS_S, KERNEL_CHOICE_S, PREEMPTION_S = 60.0, 45.0, 150.0
-PLAN_S = 80.0  # one 1.4B memory plan computed during the run (50-80 s on 2 cores): give --plan-json instead
+# A memory plan computed during the run (none in --plan-json) costs this much per looped layer call of its step, on
+# the slower of its recipes: ouro-1.4b at T = 8 (192 calls) took 377 s for rowwise and 202 s for bf16 on a 2-core CPU
+# (2026-11-28, at caa3aed; before it the 1.4B bf16 plan took ~490 s, and 80 s was assumed). Give --plan-json instead.
+PLAN_S_PER_LAYER_CALL = 2.0
 
 
 @dataclass
@@ -537,6 +540,11 @@ def run_estimate_s(
     return RUN_OVERHEAD_S + steps * step
 
 
+def plan_estimate_s(name: str, overrides: dict, n_loops: int) -> float:
+    """Seconds the memory plan of one training run takes when computed during the run (PLAN_S_PER_LAYER_CALL)."""
+    return PLAN_S_PER_LAYER_CALL * preset(name, **overrides, n_loops=n_loops).n_layers * n_loops
+
+
 def _check_kernel_choice(a: argparse.Namespace, workdir: Path) -> Check:
     out = workdir / "kernels.json"
     if missing_modules():
@@ -630,7 +638,7 @@ def _train(a: argparse.Namespace, spec: RunSpec, workdir: Path, plans: dict) -> 
         k: v for k, v in asdict(res).items() if k not in ("n_loops", "precision", "error", "skipped", "ac", "compiled")
     }
     checks = [Check(label, True, detail, numbers)]
-    short = None if plan is not None else a.budget.shortfall(PLAN_S)
+    short = None if plan is not None else a.budget.shortfall(plan_estimate_s(a.name, a.overrides, spec.n_loops))
     if short:
         return res, checks + [Check(plan_label, None, f"not planned: none in --plan-json, and computing one ({short})")]
     try:

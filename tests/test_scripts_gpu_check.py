@@ -855,7 +855,7 @@ def test_smoke_runs_the_whole_orchestration_on_cpu(tmp_path):
 
 def test_a_training_row_uses_plans_given_and_skips_what_does_not_fit(tmp_path, monkeypatch):
     """_train with the launcher replaced by one that writes a run's metrics: the plan comes from --plan-json by its
-    key; without one, a plan that no longer fits the budget is n/a rather than an 80-s surprise; a run whose plan
+    key; without one, a plan that no longer fits the budget is n/a rather than a surprise of minutes; a run whose plan
     exceeds the free memory is skipped; a launch stopped at the budget is a FAIL saying so."""
     launched = []
 
@@ -885,7 +885,7 @@ def test_a_training_row_uses_plans_given_and_skips_what_does_not_fit(tmp_path, m
     a.budget = gc.Budget(gc.run_estimate_s("ouro-1.4b", {}, 4, 4096, 1, 10) + 10)  # room for the run, not a plan
     res, rows = gc._train(a, spec, tmp_path / "tight", {})
     assert rows[0].ok and rows[1].ok is None and rows[1].detail.startswith("not planned: none in --plan-json")
-    assert "(estimated 80 s, " in rows[1].detail
+    assert f"(estimated {gc.plan_estimate_s('ouro-1.4b', {}, 4):.0f} s, " in rows[1].detail  # 192 s: 96 layer calls
     a.budget, a.free_bytes = gc.Budget(1000.0), 20 * gc.GIB
     res, rows = gc._train(a, spec, tmp_path / "big", plans)
     assert rows[0].ok is None and "its plan is 28.00 GiB, 20.0 GiB free" in rows[0].detail and res.skipped
