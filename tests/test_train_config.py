@@ -82,6 +82,22 @@ def test_bad_input_is_one_line_config_error(overrides, world, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("version, ok", [("2.11.0+cu130", False), ("2.12.0", True), ("2.14.1", True)])
+def test_tensor_parallel_is_refused_on_a_torch_that_cannot_run_it(monkeypatch, version, ok):
+    """torch 2.11 (the GPU machine's) fails in the first TP forward, at the exit gate's linear on the sequence-sharded
+    stream; the config says so in one line before any process group. One GPU (tp = 1) runs on every torch."""
+    import torch
+
+    monkeypatch.setattr(torch, "__version__", version)
+    assert load_config(DEBUG, world_size=2).parallelism.tp == 1
+    if ok:
+        assert load_config(DEBUG, ["--parallelism.tp", "2"], world_size=2).parallelism.tp == 2
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(DEBUG, ["--parallelism.tp", "2"], world_size=2)
+    assert "torch 2.11.0+cu130: tensor parallelism needs torch >= 2.12" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")

@@ -21,6 +21,7 @@ tp rank evaluates the same objective and gets the same (complete) LM-head gradie
 
 from __future__ import annotations
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -31,7 +32,28 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from titanloop.config_errors import require
 from titanloop.model import LoopLM
+
+# The oldest torch whose DTensor runs the per-token linears (exit gate, recurrence gate) on the sequence-sharded
+# residual stream. torch 2.11 decomposes a 3-D nn.Linear into a view that flattens the sharded sequence dimension and
+# fails in the first forward ("Attempted to flatten multiple dimensions, with dimension 1 being sharded"); 2.12, 2.13
+# and the pinned 2.14.1 train debug.toml at tp = 2 (checked on the CPU, 2026-11-29).
+TP_MIN_TORCH = (2, 12)
+
+
+def check_tp_torch(tp: int, version: str | None = None) -> None:
+    """One-line ConfigError when `tp` > 1 and the installed torch (or `version`) is older than TP_MIN_TORCH."""
+    version = version or torch.__version__
+    major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    need = ".".join(map(str, TP_MIN_TORCH))
+    require(
+        tp == 1 or major_minor >= TP_MIN_TORCH,
+        "parallelism.tp",
+        tp,
+        f"1 with torch {version}: tensor parallelism needs torch >= {need} (install the pinned torch 2.14.1: "
+        "bash scripts/setup.sh)",
+    )
 
 
 def _layer_plan(sequence_parallel: bool) -> dict:

@@ -13,6 +13,7 @@ from titanloop.config_errors import require, require_choice
 from titanloop.parallel.activation_checkpoint import AC_MODES, check_kept_loops
 from titanloop.parallel.float8 import Float8Section
 from titanloop.parallel.fsdp import RESHARD_LOOPED
+from titanloop.parallel.tensor_parallel import check_tp_torch
 from titanloop.recipe.schedule_checks import check_schedule
 
 ENGINES = ("fsdp2", "deepspeed")
@@ -98,6 +99,7 @@ class ParallelismSection:
             "-1 (all remaining ranks) or an integer >= 1",
         )
         require(self.tp >= 1, "parallelism.tp", self.tp, "an integer >= 1")
+        check_tp_torch(self.tp)
         require_choice(self.reshard_looped, "parallelism.reshard_looped", RESHARD_LOOPED)
         require_choice(self.activation_checkpoint, "parallelism.activation_checkpoint", AC_MODES)
         check_kept_loops(self.activation_checkpoint, self.ac_kept_loops)
