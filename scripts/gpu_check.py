@@ -120,7 +120,9 @@ PRECISION_STEP_FACTOR = {"bf16": 1.0, "tensorwise": 1.2, "rowwise": 1.25}  # 0.8
 SINGLE_CHECKS_S, KERNEL_CHOICE_S, PREEMPTION_S = 60.0, 45.0, 150.0
 # A memory plan computed during the run (none in --plan-json) costs this much per looped layer call of its step, on
 # the slower of its recipes: ouro-1.4b at T = 8 (192 calls) took 377 s for rowwise and 202 s for bf16 on a 2-core CPU
-# (2026-11-28, at caa3aed; before it the 1.4B bf16 plan took ~490 s, and 80 s was assumed). Give --plan-json instead.
+# (2026-11-28, at caa3aed; before it the 1.4B bf16 plan took ~490 s, and 80 s was assumed). The same two plans took
+# 57 s and 116 s on another 2-core machine of this workplace (2026-11-29, ee393be): CPUs differ ~3.5x, and the figure
+# keeps the slower one, so a plan the budget starts always finishes. Give --plan-json instead.
 PLAN_S_PER_LAYER_CALL = 2.0
 
 
