@@ -61,3 +61,31 @@ def test_gpu_only_skip_is_allowed_and_listed_under_ci(tmp_path):
     proc = run_pytest(tmp_path, "needs a CUDA GPU: flash attention", "true")
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "allowed in CI (GPU-only)" in proc.stdout and "needs a CUDA GPU: flash attention" in proc.stdout
+
+
+def test_a_run_stopped_by_sigterm_says_where_it_was(tmp_path):
+    """CI stops a run past its limit with SIGTERM, before pytest prints any durations: the run then names the test it
+    was in, its elapsed time and the slowest files so far, and still dies of SIGTERM (exit status unchanged)."""
+    import signal
+    import time
+
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_first.py").write_text("import time\n\ndef test_warm():\n    time.sleep(0.3)\n")
+    (tmp_path / "test_second.py").write_text(
+        "import pathlib, time\n\ndef test_hangs():\n    pathlib.Path('started').touch()\n    time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, out[-2000:], err[-2000:])
+    assert "during test_second.py::test_hangs" in err, err[-2000:]
+    assert "slowest test files so far: test_first.py 0 s" in err, err[-2000:]
