@@ -312,9 +312,9 @@ def layer_saved_bytes_per_token(
     as `torch.compile` uses) passes from the forward to the backward, besides the layer's own inputs, read from the
     partition itself: neither graph is compiled or run (running them in bf16 on a CPU took ~280 s of the 1.4B
     plan's ~490 s; reading the partition takes ~5 s). Real tensors of one layer at COMPILE_PROBE_SEQ tokens; the
-    slope between the two cancels weight-sized terms. Plain causal
-    attention, as the plan models document masking. `float8` (a recipe): the layer's linears in float8, whose
-    compiled forward saves float8 casts where the bf16 layer saves bf16 inputs."""
+    slope between the two cancels weight-sized terms. Plain causal attention, as the plan models document masking.
+    `float8` (a recipe): the layer's linears in float8, whose compiled forward saves float8 casts where the bf16
+    layer saves bf16 inputs."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
