@@ -156,6 +156,9 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.path.insert(0, str(REPO))
+        from titanloop.train.process_exit import exit_without_teardown
+
         worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+        exit_without_teardown(0)  # a gloo rank: its native threads can abort the teardown (SIGABRT)
     else:
         sys.exit(main())

@@ -110,8 +110,10 @@ def git_commit() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
+        from titanloop.train.process_exit import exit_without_teardown
+
         worker(argv[1], argv[2], argv[3] == "true")
-        return 0
+        exit_without_teardown(0)  # a gloo rank: its native threads can abort the teardown (SIGABRT)
     p = argparse.ArgumentParser(
         prog="python scripts/compile_memory_probe.py",
         description=__doc__,

@@ -103,3 +103,6 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True)
     a = p.parse_args()
     worker(a.shards, a.out)
+    from titanloop.train.process_exit import exit_without_teardown
+
+    exit_without_teardown(0)  # gloo's native threads can abort the teardown (SIGABRT)
