@@ -79,26 +79,26 @@ def pytest_runtest_logreport(report):
 # and the log ends in progress dots. On SIGTERM this prints one block to stderr: the seconds since the session
 # started, the test that was running, and the test files that took longest so far; then it dies of SIGTERM as before.
 _seconds: Counter = Counter()  # test file -> seconds of setup + call + teardown so far
-_running: list = [None, time.monotonic(), None]  # [the test being run, when the session started, its config]
+_running = SimpleNamespace(test=None, started=time.monotonic(), config=None)
 
 
 def pytest_sessionstart(session):
-    _running[1:] = [time.monotonic(), session.config]
+    _running.started, _running.config = time.monotonic(), session.config
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # someone else's handler (a runner) is left alone
         signal.signal(signal.SIGTERM, _report_and_die)
 
 
 def pytest_runtest_logstart(nodeid, location):
-    _running[0] = nodeid
+    _running.test = nodeid
 
 
 def _report_and_die(signum, frame):
     top = ", ".join(f"{f} {s:.0f} s" for f, s in _seconds.most_common(10))
-    capture = _running[2].pluginmanager.getplugin("capturemanager") if _running[2] else None
+    capture = _running.config.pluginmanager.getplugin("capturemanager") if _running.config else None
     if capture is not None:  # the test's output capture holds stderr: give the real one back first
         capture.suspend_global_capture(in_=True)
     sys.stderr.write(
-        f"\n[tests] SIGTERM after {time.monotonic() - _running[1]:.0f} s, during {_running[0]}\n"
+        f"\n[tests] SIGTERM after {time.monotonic() - _running.started:.0f} s, during {_running.test}\n"
         f"[tests] slowest test files so far: {top or 'none finished'}\n"
     )
     sys.stderr.flush()
