@@ -5,10 +5,10 @@ model is built on the meta device and parallelized exactly as the trainer does (
 turned into FakeTensors (no memory), and one optimizer step of the trainer's own code runs on it under
 torch's FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): forward T loops + the per-loop objective
 and engine.backward for two micro-batches (loop.accumulate_gradients, the trainer's own code; so the
-gradient-accumulation state is included), then engine.step (clip + optimizer); twice, so the peak includes the
-optimizer state. The tracker records every tensor's storage by category (sharded
-and unsharded parameters, gradients, optimizer state, activations, temporaries, collective buffers) and the
-peak over the step. Nothing here is a formula of the model's shape.
+gradient-accumulation state is included), then engine.step (clip + optimizer); after a first step of one
+micro-batch, so the peak includes the optimizer state. The tracker records every tensor's storage by category
+(sharded and unsharded parameters, gradients, optimizer state, activations, temporaries, collective buffers) and
+the peak over the step. Nothing here is a formula of the model's shape.
 
 Limits: fake tensors on this machine run the CPU kernels' shapes. Attention is planned as causal attention with
 a fused kernel (flash on GPU, SDPA's flash kernel on CPU: O(S) saved state) or, with `attention="math"`, as the
@@ -133,6 +133,27 @@ def _untracked_sharding_propagation(tracker):
         del propagator._propagate_tensor_meta_non_cached  # the class's method again
 
 
+def _peak_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """torch's FSDPMemTracker keeping only the peak of the whole rank, which is all a plan reads.
+
+    The stock tracker updates the peak of every module that is running after every op: it walks all the
+    modules it has seen (hundreds at the 1.4B shape) and dereferences each one's weak reference, which asks
+    the activation-checkpoint wrapper for a missing attribute through two `__getattr__` fallbacks. That walk was
+    about 40% of a 1.4B plan's time (profiled on torch 2.14.1; torch 2.11's method is the same). The peak of
+    the rank is updated exactly as torch does it, so the plan's bytes are unchanged."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    class PeakTracker(FSDPMemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(snap)  # {category: bytes}, as torch's deepcopy
+
+    return PeakTracker(model, optimizer)
+
+
 def measure_step(
     cfg: TrainConfig,
     mesh,
@@ -142,14 +163,14 @@ def measure_step(
     attention: str = "fused",
     fake: bool = True,
     comm_bytes: dict | None = None,
+    first_micro_batches: int = 1,
 ) -> dict[str, int]:
-    """Peak bytes by tracker category over two optimizer steps of `cfg` on this rank (the second one holds the
-    optimizer state).
+    """Peak bytes by tracker category over two optimizer steps of `cfg` on this rank: `first_micro_batches`, then
+    `micro_batches` with the optimizer state the first step created.
 
     fake=True: FakeTensors on the current (usually fake) process group: nothing is allocated.
     fake=False: the same step on real tensors (used to check the tracker against a real run)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     # Planned eager: Dynamo does not trace under the tracker's dispatch mode (it used to fall back to eager
@@ -174,7 +195,7 @@ def measure_step(
         lr_schedulers = build_lr_schedulers(cfg.lr_scheduler, t.steps, optimizers)
         engine = FSDP2Engine(model, optimizers, lr_schedulers)
         run = _fake_run(cfg, mesh, engine)
-        run.tracker = tracker = FSDPMemTracker(model, optimizers.optimizers[0])
+        run.tracker = tracker = _peak_tracker(model, optimizers.optimizers[0])
         batch = {
             "input_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
             "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
@@ -182,12 +203,15 @@ def measure_step(
         }
         tracker.track_inputs((batch["input_ids"],))
         with tracker, kernel, _untracked_sharding_propagation(tracker) if fake else contextlib.nullcontext():
-            for step in range(2):  # the second step runs with the optimizer state the first one created
+            # The second step runs with the optimizer state the first one created; it holds everything the first
+            # one does and that state, so the first needs only one micro-batch (a quarter of the plan's time at
+            # two micro-batches; the plans of benchmarks/memory_plan.py are unchanged to the byte)
+            for step, n_micro in enumerate((first_micro_batches, micro_batches)):
                 counting = count_collective_bytes() if step == 1 else contextlib.nullcontext()
                 with counting as nbytes:
                     # the trainer's own step (titanloop.train.loop), without the loss all-reduce and callbacks
                     accumulate_gradients(
-                        run, itertools.repeat(batch), n_loops, micro_batches, before_micro_batch=tracker.reset_mod_stats
+                        run, itertools.repeat(batch), n_loops, n_micro, before_micro_batch=tracker.reset_mod_stats
                     )  # per-module stats only
                     engine.step(max_norm(cfg))
                 if comm_bytes is not None and nbytes is not None:
