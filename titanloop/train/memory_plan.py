@@ -204,8 +204,9 @@ def measure_step(
         tracker.track_inputs((batch["input_ids"],))
         with tracker, kernel, _untracked_sharding_propagation(tracker) if fake else contextlib.nullcontext():
             # The second step runs with the optimizer state the first one created; it holds everything the first
-            # one does and that state, so the first needs only one micro-batch (a quarter of the plan's time at
-            # two micro-batches; the plans of benchmarks/memory_plan.py are unchanged to the byte)
+            # one does and that state, so the first needs only one micro-batch (at two micro-batches, one of the
+            # plan's four forward-backward passes is saved; the plans of benchmarks/memory_plan.py are unchanged to
+            # the byte)
             for step, n_micro in enumerate((first_micro_batches, micro_batches)):
                 counting = count_collective_bytes() if step == 1 else contextlib.nullcontext()
                 with counting as nbytes:
