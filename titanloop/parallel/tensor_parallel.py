@@ -42,9 +42,9 @@ from titanloop.model import LoopLM
 TP_MIN_TORCH = (2, 12)
 
 
-def check_tp_torch(tp: int, version: str | None = None) -> None:
-    """One-line ConfigError when `tp` > 1 and the installed torch (or `version`) is older than TP_MIN_TORCH."""
-    version = version or torch.__version__
+def check_tp_torch(tp: int) -> None:
+    """One-line ConfigError when `tp` > 1 and the installed torch is older than TP_MIN_TORCH."""
+    version = torch.__version__
     major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
     need = ".".join(map(str, TP_MIN_TORCH))
     require(
