@@ -152,3 +152,24 @@ def test_dry_run_command_line():
         timeout=300,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_memory_plan_command_line_shows_progress_and_refuses_what_does_not_fit():
+    """--memory-plan: progress lines on stderr while the fake step runs (a 1.4B plan takes about a minute), the plan
+    on stdout; a GPU too small for the plan: exit 2, the error as the last line, nothing on stdout claims success."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "titanloop.train", "--config", "train_configs/debug.toml", "--dry-run"]
+    cmd += ["--world-size", "2", "--memory-plan", "--training.global_batch_size", "32"]  # 2 micro-batches of 8 per rank
+    ok = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "memory plan per GPU" in ok.stdout and "memory plan:" not in ok.stdout
+    lines = [line for line in ok.stderr.splitlines() if line.startswith("memory plan: ")]
+    assert len(lines) >= 4, f"no progress lines on stderr: {ok.stderr[-2000:]}"
+    assert lines[0] == "memory plan: forward-backward pass 1 of 3 (optimizer step 1 of 2)", ok.stderr
+    assert re.fullmatch(
+        r"memory plan: forward-backward pass 3 of 3 \(optimizer step 2 of 2\); \d+ s so far, about \d+ s left", lines[2]
+    ), lines
+    assert re.fullmatch(r"memory plan: done in \d+ s", lines[-1]), lines
+    small = subprocess.run(cmd + ["--gpu-mem-gb", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert small.returncode == 2 and small.stderr.splitlines()[-1].startswith("error: "), small.stderr
+    assert "dry run ok" not in small.stdout

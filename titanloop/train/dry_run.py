@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,8 +253,10 @@ def dry_run(
     *,
     memory_plan: bool = False,
     gpu_mem_gb: float = 80.0,
+    progress: Callable[[str], None] | None = None,
 ) -> DryRunReport:
-    """Everything a real start at `world_size` does, on a fake process group and meta tensors."""
+    """Everything a real start at `world_size` does, on a fake process group and meta tensors. `progress` gets the
+    memory plan's progress lines (the CLI prints them to stderr; the report itself is returned whole)."""
     validate_layout(cfg, world_size)
     dp, tp = mesh_degrees(cfg.parallelism, world_size)
     report = DryRunReport()
@@ -295,7 +298,7 @@ def dry_run(
         _data_plan(cfg, dp, report)
         _validation_plan(cfg, dp, report)
         if memory_plan:
-            report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb)
+            report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb, progress=progress)
             if cfg.validation.enable:
                 report.memory_plan.notes.append(
                     validation_memory_note(cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize)
@@ -307,7 +310,13 @@ def dry_run(
 @cli_errors
 def main(config_path: str, overrides: list[str], world_size: int, memory_plan: bool, gpu_mem_gb: float) -> int:
     cfg = load_config(config_path, overrides, world_size=world_size)
-    report = dry_run(cfg, world_size, memory_plan=memory_plan, gpu_mem_gb=gpu_mem_gb)
+    report = dry_run(
+        cfg,
+        world_size,
+        memory_plan=memory_plan,
+        gpu_mem_gb=gpu_mem_gb,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     print(report.text())
     if report.memory_plan is not None and not report.memory_plan.fits:
         print(f"error: {report.memory_plan.verdict}", file=sys.stderr)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -154,6 +156,23 @@ def _peak_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     return PeakTracker(model, optimizer)
 
 
+class _PassProgress:
+    """measure_step's progress lines: the pass about to run, the time so far and the time left at the mean pass."""
+
+    def __init__(self, report: Callable[[str], None] | None, total: int):
+        self.report, self.total, self.done, self.t0 = report, total, 0, time.perf_counter()
+
+    def start(self, step: int) -> None:
+        if self.report is None:
+            return
+        line = f"memory plan: forward-backward pass {self.done + 1} of {self.total} (optimizer step {step + 1} of 2)"
+        if self.done:
+            spent = time.perf_counter() - self.t0
+            line += f"; {spent:.0f} s so far, about {spent / self.done * (self.total - self.done):.0f} s left"
+        self.report(line)
+        self.done += 1
+
+
 def measure_step(
     cfg: TrainConfig,
     mesh,
@@ -164,12 +183,15 @@ def measure_step(
     fake: bool = True,
     comm_bytes: dict | None = None,
     first_micro_batches: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
     """Peak bytes by tracker category over two optimizer steps of `cfg` on this rank: `first_micro_batches`, then
     `micro_batches` with the optimizer state the first step created.
 
     fake=True: FakeTensors on the current (usually fake) process group: nothing is allocated.
-    fake=False: the same step on real tensors (used to check the tracker against a real run)."""
+    fake=False: the same step on real tensors (used to check the tracker against a real run).
+    progress: called with a line before each forward-backward pass (the dry run prints them: a 1.4B plan takes a
+    minute on a small CPU)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -202,6 +224,7 @@ def measure_step(
             "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
         }
         tracker.track_inputs((batch["input_ids"],))
+        passes = _PassProgress(progress, first_micro_batches + micro_batches)
         with tracker, kernel, _untracked_sharding_propagation(tracker) if fake else contextlib.nullcontext():
             # The second step runs with the optimizer state the first one created; it holds everything the first
             # one does and that state, so the first needs only one micro-batch (at two micro-batches, one of the
@@ -209,11 +232,16 @@ def measure_step(
             # the byte)
             for step, n_micro in enumerate((first_micro_batches, micro_batches)):
                 counting = count_collective_bytes() if step == 1 else contextlib.nullcontext()
+
+                def before_micro_batch(step=step):
+                    tracker.reset_mod_stats()  # per-module stats only
+                    passes.start(step)
+
                 with counting as nbytes:
                     # the trainer's own step (titanloop.train.loop), without the loss all-reduce and callbacks
                     accumulate_gradients(
-                        run, itertools.repeat(batch), n_loops, n_micro, before_micro_batch=tracker.reset_mod_stats
-                    )  # per-module stats only
+                        run, itertools.repeat(batch), n_loops, n_micro, before_micro_batch=before_micro_batch
+                    )
                     engine.step(max_norm(cfg))
                 if comm_bytes is not None and nbytes is not None:
                     comm_bytes.update(nbytes)
@@ -222,9 +250,16 @@ def measure_step(
 
 
 def plan_memory(
-    cfg: TrainConfig, mesh, *, gpu_mem_gb: float = 80.0, reserve_gb: float = 4.0, attention: str = "fused"
+    cfg: TrainConfig,
+    mesh,
+    *,
+    gpu_mem_gb: float = 80.0,
+    reserve_gb: float = 4.0,
+    attention: str = "fused",
+    progress: Callable[[str], None] | None = None,
 ) -> MemoryPlan:
-    """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for."""
+    """The plan of `cfg` for rank 0 of `mesh` (the dry run's fake mesh), as on the GPUs the run is meant for.
+    `progress` gets a line per phase (measure_step's passes, compile's probe, the total)."""
     require(
         cfg.parallelism.engine == "fsdp2",
         "parallelism.engine",
@@ -239,7 +274,10 @@ def plan_memory(
     accum = micro_batches_per_rank(
         ramp.end if ramp else cfg.training.global_batch_size, cfg.training.micro_batch_size, mesh.dp_world
     )  # the trainer's count at full batch
-    snap = measure_step(planned, mesh, param_dtype(cfg, "cuda"), micro_batches=min(2, accum), attention=attention)
+    start = time.perf_counter()
+    snap = measure_step(
+        planned, mesh, param_dtype(cfg, "cuda"), micro_batches=min(2, accum), attention=attention, progress=progress
+    )
     rows = {row: snap.get(key, 0) for key, row in _ROWS.items()}
     n_loops = cfg.loop_sampler.bounds()[1]
     notes = []
@@ -251,6 +289,8 @@ def plan_memory(
         )
     peak = snap.get("Total", sum(rows.values()))
     if cfg.parallelism.compile:
+        if progress is not None:
+            progress("memory plan: what compile saves, measured on one real decoder layer")
         saving = compiled_saving_bytes(cfg)
         if saving is not None and saving <= rows.get("activations", 0):
             rows["activations"] -= saving
@@ -271,6 +311,8 @@ def plan_memory(
                 f"({rows.get('activations', 0) / GB:.2f} GB), so the layers save less than the model assumes; the "
                 "eager figure is kept"
             )
+    if progress is not None:
+        progress(f"memory plan: done in {time.perf_counter() - start:.0f} s")
     return MemoryPlan(mesh.world_size, n_loops, rows, peak, gpu_mem_gb, reserve_gb, attention, notes)
 
 
