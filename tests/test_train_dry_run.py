@@ -136,31 +136,27 @@ def test_impossible_ramp_names_a_value_that_works():
     load_config(REPO / "train_configs/stage1a.toml", ["--training.batch_ramp_increment", "256"], world_size=128)
 
 
+def _dry_run_cli(config: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m titanloop.train --config <config> --dry-run <args>` from the repo root, as the docs give it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "titanloop.train", "--config", config, "--dry-run", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_dry_run_command_line():
     """The exact command of the docs: exit 0 with the plan; a bad world size: exit 2 and one line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "titanloop.train", "--config", "train_configs/stage1a.toml", "--dry-run"]
-    ok = subprocess.run(cmd + ["--world-size", "128"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    ok = _dry_run_cli("train_configs/stage1a.toml", "--world-size", "128")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "mesh dp_shard 128 x tp 1" in ok.stdout and "grad accum 4..8" in ok.stdout
-    bad = subprocess.run(
-        cmd + ["--world-size", "96", "--parallelism.tp", "8"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    bad = _dry_run_cli("train_configs/stage1a.toml", "--world-size", "96", "--parallelism.tp", "8")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
 
 
 def test_memory_plan_command_line_shows_progress_and_refuses_what_does_not_fit():
     """--memory-plan: progress lines on stderr while the fake step runs (a 1.4B plan takes about a minute), the plan
     on stdout; a GPU too small for the plan: exit 2, the error as the last line, nothing on stdout claims success."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "titanloop.train", "--config", "train_configs/debug.toml", "--dry-run"]
-    cmd += ["--world-size", "2", "--memory-plan", "--training.global_batch_size", "32"]  # 2 micro-batches of 8 per rank
-    ok = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    args = ["--world-size", "2", "--memory-plan", "--training.global_batch_size", "32"]  # 2 micro-batches of 8 per rank
+    ok = _dry_run_cli("train_configs/debug.toml", *args)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "memory plan per GPU" in ok.stdout and "memory plan:" not in ok.stdout
     lines = [line for line in ok.stderr.splitlines() if line.startswith("memory plan: ")]
@@ -170,6 +166,6 @@ def test_memory_plan_command_line_shows_progress_and_refuses_what_does_not_fit()
         r"memory plan: forward-backward pass 3 of 3 \(optimizer step 2 of 2\); \d+ s so far, about \d+ s left", lines[2]
     ), lines
     assert re.fullmatch(r"memory plan: done in \d+ s", lines[-1]), lines
-    small = subprocess.run(cmd + ["--gpu-mem-gb", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    small = _dry_run_cli("train_configs/debug.toml", *args, "--gpu-mem-gb", "1")
     assert small.returncode == 2 and small.stderr.splitlines()[-1].startswith("error: "), small.stderr
     assert "dry run ok" not in small.stdout
