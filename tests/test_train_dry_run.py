@@ -4,7 +4,6 @@ torchtitan's fake backend (titanloop.train.dry_run), all in this one process."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -12,12 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch import REPO, TRAINER, environment
 
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import load_config
 from titanloop.train.dry_run import dry_run, slurm_stages
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _sbatch_directive(text: str, pattern: str) -> int:
@@ -138,9 +136,8 @@ def test_impossible_ramp_names_a_value_that_works():
 
 def _dry_run_cli(config: str, *args: str) -> subprocess.CompletedProcess:
     """`python -m titanloop.train --config <config> --dry-run <args>` from the repo root, as the docs give it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "titanloop.train", "--config", config, "--dry-run", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, *TRAINER, "--config", config, "--dry-run", *args]
+    return subprocess.run(cmd, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300)
 
 
 def test_dry_run_command_line():
