@@ -79,11 +79,11 @@ def pytest_runtest_logreport(report):
 # and the log ends in progress dots. On SIGTERM this prints one block to stderr: the seconds since the session
 # started, the test that was running, and the test files that took longest so far; then it dies of SIGTERM as before.
 _seconds: Counter = Counter()  # test file -> seconds of setup + call + teardown so far
-_running = SimpleNamespace(test=None, started=time.monotonic(), config=None)
+_running = SimpleNamespace(test=None, started=time.monotonic(), config=None, pid=None)
 
 
 def pytest_sessionstart(session):
-    _running.started, _running.config = time.monotonic(), session.config
+    _running.started, _running.config, _running.pid = time.monotonic(), session.config, os.getpid()
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # someone else's handler (a runner) is left alone
         signal.signal(signal.SIGTERM, _report_and_die)
 
@@ -93,6 +93,15 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def _report_and_die(signum, frame):
+    # A child forked by a test (a DataLoader or multiprocessing worker) inherits this handler; when its parent
+    # terminates it, it dies of SIGTERM without a report: it is not the session that was stopped.
+    if os.getpid() == _running.pid:
+        _report()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _report():
     top = ", ".join(f"{f} {s:.0f} s" for f, s in _seconds.most_common(10))
     capture = _running.config.pluginmanager.getplugin("capturemanager") if _running.config else None
     if capture is not None:  # the test's output capture holds stderr: give the real one back first
@@ -102,8 +111,6 @@ def _report_and_die(signum, frame):
         f"[tests] slowest test files so far: {top or 'none finished'}\n"
     )
     sys.stderr.flush()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def pytest_collectreport(report):  # module-level skips (pytest.importorskip, allow_module_level)

@@ -89,3 +89,29 @@ def test_a_run_stopped_by_sigterm_says_where_it_was(tmp_path):
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, out[-2000:], err[-2000:])
     assert "during test_second.py::test_hangs" in err, err[-2000:]
     assert "slowest test files so far: test_first.py 0 s" in err, err[-2000:]
+
+
+def test_a_forked_child_terminated_by_its_test_reports_nothing(tmp_path):
+    """A DataLoader or multiprocessing worker forked by a test inherits the SIGTERM handler; when the test terminates
+    it (a DataLoader does, when a worker is slow to exit), the child dies of SIGTERM quietly: the report is only for
+    the session that was stopped, and naming a test that goes on to pass would mislead."""
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_fork.py").write_text(
+        "import multiprocessing, signal, time\n\n"
+        "def test_terminates_a_child():\n"
+        "    child = multiprocessing.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+        "    child.start()\n"
+        "    time.sleep(0.5)\n"
+        "    child.terminate()\n"
+        "    child.join(30)\n"
+        "    assert child.exitcode == -signal.SIGTERM\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "SIGTERM after" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
