@@ -77,19 +77,26 @@ def pytest_runtest_logreport(report):
 # ---- where a stopped run was -------------------------------------------------------------------------------------
 # CI stops a run that passes its time limit with SIGTERM; pytest's own summary (--durations) is then never printed,
 # and the log ends in progress dots. On SIGTERM this prints one block to stderr: the seconds since the session
-# started, the test that was running, and the test files that took longest so far; then it dies of SIGTERM as before.
+# started, the tests that were running, and the test files that took longest so far; then it dies of SIGTERM as
+# before. With pytest-xdist (scripts/test.sh) the controller reports, from the workers' reports; the workers keep
+# the default action.
 _seconds: Counter = Counter()  # test file -> seconds of setup + call + teardown so far
-_running = SimpleNamespace(test=None, started=time.monotonic(), config=None, pid=None)
+_running = SimpleNamespace(tests={}, started=time.monotonic(), config=None, pid=None)  # tests: running nodeids
 
 
 def pytest_sessionstart(session):
     _running.started, _running.config, _running.pid = time.monotonic(), session.config, os.getpid()
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # someone else's handler (a runner) is left alone
+    is_worker = hasattr(session.config, "workerinput")
+    if not is_worker and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a runner's own handler is left alone
         signal.signal(signal.SIGTERM, _report_and_die)
 
 
 def pytest_runtest_logstart(nodeid, location):
-    _running.test = nodeid
+    _running.tests[nodeid] = None
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _running.tests.pop(nodeid, None)
 
 
 def _report_and_die(signum, frame):
@@ -107,7 +114,8 @@ def _report():
     if capture is not None:  # the test's output capture holds stderr: give the real one back first
         capture.suspend_global_capture(in_=True)
     sys.stderr.write(
-        f"\n[tests] SIGTERM after {time.monotonic() - _running.started:.0f} s, during {_running.test}\n"
+        f"\n[tests] SIGTERM after {time.monotonic() - _running.started:.0f} s, during "
+        f"{', '.join(_running.tests) or 'no test'}\n"
         f"[tests] slowest test files so far: {top or 'none finished'}\n"
     )
     sys.stderr.flush()

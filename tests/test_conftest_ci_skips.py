@@ -63,32 +63,49 @@ def test_gpu_only_skip_is_allowed_and_listed_under_ci(tmp_path):
     assert "allowed in CI (GPU-only)" in proc.stdout and "needs a CUDA GPU: flash attention" in proc.stdout
 
 
-def test_a_run_stopped_by_sigterm_says_where_it_was(tmp_path):
+@pytest.mark.parametrize("runner", [["-p", "no:xdist"], ["-n", "2", "--dist", "loadfile"]], ids=["serial", "xdist"])
+def test_a_run_stopped_by_sigterm_says_where_it_was(tmp_path, runner):
     """CI stops a run past its limit with SIGTERM, before pytest prints any durations: the run then names the test it
-    was in, its elapsed time and the slowest files so far, and still dies of SIGTERM (exit status unchanged)."""
+    was in, its elapsed time and the slowest files so far, and still dies of SIGTERM (exit status unchanged). With
+    two xdist workers (scripts/test.sh) the controller reports once (the workers, signalled too, do not), and no
+    worker is left running."""
     import signal
     import time
 
+    import psutil
+
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_first.py").write_text("import time\n\ndef test_warm():\n    time.sleep(0.3)\n")
+    (tmp_path / "test_first.py").write_text(
+        "import pathlib, time\n\ndef test_warm():\n    time.sleep(0.3)\n    pathlib.Path('warm').touch()\n"
+    )
     (tmp_path / "test_second.py").write_text(
-        "import pathlib, time\n\ndef test_hangs():\n    pathlib.Path('started').touch()\n    time.sleep(120)\n"
+        "import pathlib, time\n\ndef test_hangs():\n"
+        "    while not pathlib.Path('warm').exists():\n        time.sleep(0.05)\n"
+        "    pathlib.Path('started').touch()\n    time.sleep(120)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *runner, str(tmp_path)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 120
     while not (tmp_path / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    time.sleep(2)  # test_warm's report reaches the xdist controller
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole process group, as a runner stopping a job does
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, out[-2000:], err[-2000:])
-    assert "during test_second.py::test_hangs" in err, err[-2000:]
+    assert err.count("[tests] SIGTERM after") == 1, err[-2000:]
+    assert "during test_second.py::test_hangs\n" in err, err[-2000:]
     assert "slowest test files so far: test_first.py 0 s" in err, err[-2000:]
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, [p.cmdline() for p in alive]
 
 
 def test_a_forked_child_terminated_by_its_test_reports_nothing(tmp_path):

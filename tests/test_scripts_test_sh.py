@@ -25,3 +25,27 @@ def test_help_explains_and_runs_no_setup(tmp_path):
         assert proc.stdout.startswith("usage: bash scripts/test.sh [pytest options]")
         assert '-m "not slow"' in proc.stdout and "[setup]" not in proc.stdout
         assert not (tmp_path / "venv").exists()
+
+
+def test_a_bad_worker_count_is_one_line_before_setup(tmp_path):
+    """TITANLOOP_TEST_WORKERS (how many test files run at a time) must be a whole number: anything else is one line
+    on stderr and exit 2, before setup creates a venv (a python3 that cannot make one stands in, so a script that
+    went on to setup fails fast instead of running the suite)."""
+    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "python3").chmod(0o755)
+    env = {**os.environ, "TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("PYTHON", None)
+    for bad in ("two", "-1", ""):
+        proc = subprocess.run(
+            ["bash", "scripts/test.sh"],
+            cwd=ROOT,
+            env={**env, "TITANLOOP_TEST_WORKERS": bad},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, (bad, proc.stdout, proc.stderr)
+        assert proc.stderr.splitlines() == [
+            f"TITANLOOP_TEST_WORKERS={bad}: give a whole number of test workers (0: none, run in-process)"
+        ], proc.stderr
+        assert not (tmp_path / "venv").exists()
