@@ -22,20 +22,27 @@ def test_skipped_{kind}():
 """
 
 
-def run_pytest(tmp_path: Path, reason: str, ci: str | None, module_level: bool = False):
+def sample_session(tmp_path: Path, files: dict[str, str]) -> list[str]:
+    """tmp_path holds this conftest and `files` (name -> source); the pytest command that runs them there."""
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    for name, source in files.items():
+        (tmp_path / name).write_text(source)
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+
+
+def run_pytest(tmp_path: Path, reason: str, ci: str | None, module_level: bool = False):
     if module_level:
         body = (
             f'import pytest\npytest.importorskip("no_such_module_xyz", reason="{reason}")\n\ndef test_x():\n    pass\n'
         )
     else:
         body = SAMPLE.format(kind="one", reason=reason)
-    (tmp_path / "test_sample.py").write_text(body)
+    command = sample_session(tmp_path, {"test_sample.py": body})
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        command,
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -74,17 +81,18 @@ def test_a_run_stopped_by_sigterm_says_where_it_was(tmp_path, runner):
 
     import psutil
 
-    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_first.py").write_text(
-        "import pathlib, time\n\ndef test_warm():\n    time.sleep(0.3)\n    pathlib.Path('warm').touch()\n"
-    )
-    (tmp_path / "test_second.py").write_text(
-        "import pathlib, time\n\ndef test_hangs():\n"
-        "    while not pathlib.Path('warm').exists():\n        time.sleep(0.05)\n"
-        "    pathlib.Path('started').touch()\n    time.sleep(120)\n"
+    command = sample_session(
+        tmp_path,
+        {
+            "test_first.py": "import pathlib, time\n\ndef test_warm():\n"
+            "    time.sleep(0.3)\n    pathlib.Path('warm').touch()\n",
+            "test_second.py": "import pathlib, time\n\ndef test_hangs():\n"
+            "    while not pathlib.Path('warm').exists():\n        time.sleep(0.05)\n"
+            "    pathlib.Path('started').touch()\n    time.sleep(120)\n",
+        },
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *runner, str(tmp_path)],
+        [*command, *runner],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -112,19 +120,21 @@ def test_a_forked_child_terminated_by_its_test_reports_nothing(tmp_path):
     """A DataLoader or multiprocessing worker forked by a test inherits the SIGTERM handler; when the test terminates
     it (a DataLoader does, when a worker is slow to exit), the child dies of SIGTERM quietly: the report is only for
     the session that was stopped, and naming a test that goes on to pass would mislead."""
-    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_fork.py").write_text(
-        "import multiprocessing, signal, time\n\n"
-        "def test_terminates_a_child():\n"
-        "    child = multiprocessing.get_context('fork').Process(target=time.sleep, args=(60,))\n"
-        "    child.start()\n"
-        "    time.sleep(0.5)\n"
-        "    child.terminate()\n"
-        "    child.join(30)\n"
-        "    assert child.exitcode == -signal.SIGTERM\n"
+    command = sample_session(
+        tmp_path,
+        {
+            "test_fork.py": "import multiprocessing, signal, time\n\n"
+            "def test_terminates_a_child():\n"
+            "    child = multiprocessing.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+            "    child.start()\n"
+            "    time.sleep(0.5)\n"
+            "    child.terminate()\n"
+            "    child.join(30)\n"
+            "    assert child.exitcode == -signal.SIGTERM\n"
+        },
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        command,
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -9,14 +9,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_help_explains_and_runs_no_setup(tmp_path):
-    """`test.sh --help` prints its usage and exits 0 without setup: no venv at TITANLOOP_VENV, and a python3
-    that cannot make one (the old script went into setup first, on a fresh machine a ~6 GB install, then showed
-    pytest's help instead of its own)."""
+def no_setup_env(tmp_path: Path) -> dict[str, str]:
+    """An environment whose setup cannot run: no venv at TITANLOOP_VENV, and a python3 that cannot make one, so a
+    script that reaches setup fails fast (exit 1) instead of installing ~6 GB or running the suite."""
     (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "python3").chmod(0o755)
     env = {**os.environ, "TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     env.pop("PYTHON", None)
+    return env
+
+
+def test_help_explains_and_runs_no_setup(tmp_path):
+    """`test.sh --help` prints its usage and exits 0 without setup: no venv at TITANLOOP_VENV, and a python3
+    that cannot make one (the old script went into setup first, on a fresh machine a ~6 GB install, then showed
+    pytest's help instead of its own)."""
+    env = no_setup_env(tmp_path)
     for flag in ("--help", "-h"):
         proc = subprocess.run(
             ["bash", "scripts/test.sh", "-m", "not slow", flag], cwd=ROOT, env=env, capture_output=True, text=True
@@ -29,12 +36,8 @@ def test_help_explains_and_runs_no_setup(tmp_path):
 
 def test_a_bad_worker_count_is_one_line_before_setup(tmp_path):
     """TITANLOOP_TEST_WORKERS (how many test files run at a time) must be a whole number: anything else is one line
-    on stderr and exit 2, before setup creates a venv (a python3 that cannot make one stands in, so a script that
-    went on to setup fails fast instead of running the suite)."""
-    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
-    (tmp_path / "python3").chmod(0o755)
-    env = {**os.environ, "TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    env.pop("PYTHON", None)
+    on stderr and exit 2, before setup creates a venv."""
+    env = no_setup_env(tmp_path)
     for bad in ("two", "-1", ""):
         proc = subprocess.run(
             ["bash", "scripts/test.sh"],
