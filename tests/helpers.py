@@ -1,9 +1,11 @@
 """What several test files share besides launching (tests/launch.py): comparing a resumed run with an uninterrupted
-one bit for bit, and loading a script (scripts/, not a package) as a module."""
+one bit for bit, loading a script (scripts/, not a package) as a module, and an environment where a shell script's
+setup cannot run."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from titanloop.checkpoint import layout
@@ -18,6 +20,16 @@ def load_script(path: Path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def no_setup_env(tmp_path: Path) -> dict[str, str]:
+    """An environment whose setup (scripts/setup.sh) cannot run: no venv at TITANLOOP_VENV, and a python3 in tmp_path
+    that cannot make one, so a script that reaches setup fails fast (exit 1) instead of installing ~6 GB."""
+    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "python3").chmod(0o755)
+    env = {**os.environ, "TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("PYTHON", None)
+    return env
 
 
 TIMING_KEYS = {"tokens_per_s", "tflops", "mfu"}  # wall-clock figures (and time/...): not expected to repeat

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import report
+from helpers import no_setup_env
 from titanloop.checks import numerics as nx
 from titanloop.model import attention as attn
 from titanloop.model import looplm, preset
@@ -90,9 +91,7 @@ def test_script_help_runs_no_setup(tmp_path):
     """`gpu_check.sh --help` prints the script's own header, then gpu_check.py's options when an interpreter with
     torch is at hand, and never runs setup: with no venv at TITANLOOP_VENV and a python that cannot make one,
     the old script went into setup (and, on a fresh machine, a ~6 GB install) before any help."""
-    env = {"TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")  # setup.sh's python: cannot create the venv
-    (tmp_path / "python3").chmod(0o755)
+    env = no_setup_env(tmp_path)
     proc = _script("--help", **env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("The fast-path acceptance check") and "[setup]" not in proc.stdout

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
+from helpers import no_setup_env
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def no_setup_env(tmp_path: Path) -> dict[str, str]:
-    """An environment whose setup cannot run: no venv at TITANLOOP_VENV, and a python3 that cannot make one, so a
-    script that reaches setup fails fast (exit 1) instead of installing ~6 GB or running the suite."""
-    (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
-    (tmp_path / "python3").chmod(0o755)
-    env = {**os.environ, "TITANLOOP_VENV": str(tmp_path / "venv"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    env.pop("PYTHON", None)
-    return env
 
 
 def test_help_explains_and_runs_no_setup(tmp_path):
