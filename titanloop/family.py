@@ -67,7 +67,7 @@ class LoopLMFamily:
             n_loops,
             f"<= model.max_loops={model.max_loops} (the deepest loop a LoopLM runs; raise model.max_loops)",
         )
-        self.preset = model.preset
+        self.section, self.n_loops = model, n_loops
         self.shape: LoopLMConfig = model.shape(n_loops)
 
     def build(self, load_weights: bool = True) -> nn.Module:
@@ -87,7 +87,7 @@ class LoopLMFamily:
         return self.shape.flops_per_token(seq_len, n_loops=n_loops, doc_lengths=doc_lengths)
 
     def describe(self) -> str:
-        return f"LoopLM {self.preset}"
+        return self.section.describe(self.n_loops)
 
     def extra_summary(self, run) -> list[str]:
         return []

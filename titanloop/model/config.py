@@ -253,6 +253,7 @@ class ModelSection:
 
     preset: str = "debug-tiny"
     overrides: dict = dataclasses.field(default_factory=dict)
+    named: bool = True  # False: the [model] table gave no preset (every field not set is debug-tiny's)
 
     def __post_init__(self):
         require_choice(self.preset, "model.preset", sorted(PRESETS))
@@ -273,6 +274,7 @@ class ModelSection:
     @classmethod
     def from_table(cls, values: dict) -> "ModelSection":
         values = dict(values)
+        named = "preset" in values
         name = values.pop("preset", cls.preset)
         if not isinstance(name, str):
             raise ConfigError(f"model.preset={name!r} is invalid: expected one of {sorted(PRESETS)}")
@@ -283,7 +285,25 @@ class ModelSection:
                 f"[model] has unknown key(s) {unknown}: allowed keys are ['preset', "
                 f"{', '.join(repr(k) for k in sorted(types))}]"
             )
-        return cls(preset=name, overrides={k: coerce(v, types[k], f"model.{k}") for k, v in values.items()})
+        return cls(
+            preset=name, overrides={k: coerce(v, types[k], f"model.{k}") for k, v in values.items()}, named=named
+        )
+
+    def describe(self, n_loops: int) -> str:
+        """The model as the run summary names it: the preset only when the table named one and kept its shape
+        (layers, widths, heads, vocabulary), then the shape itself."""
+        m = self.shape(n_loops)
+        shape = (
+            f"{m.n_layers} shared layer(s) x T={n_loops}, hidden {m.hidden_size}, {m.n_heads} heads, "
+            f"FFN {m.ffn_hidden_size}, vocab {m.vocab_size}"
+        )
+        reshaped = sorted(set(self.overrides) & set(SHAPE_FIELDS))
+        if self.named and not reshaped:
+            return f"LoopLM {self.preset} ({shape})"
+        return f"LoopLM ({shape})"
+
+
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size", "n_layers")
 
 
 _T_HOME = "no value here: the loop count T has one home, [loop_sampler] n_loops"

@@ -72,6 +72,15 @@ def init_parameters(model: nn.Module, seed: int | None = None) -> None:
 def materialize(model: nn.Module, device: torch.device | str, seed: int | None = None) -> None:
     """Allocate a meta-built (and parallelized) model's local shards on `device` and initialize them from
     `seed` (default: the seed the LoopLM drew when it was built, so `torch.manual_seed(s)` before building on
-    the meta device gives the weights `torch.manual_seed(s); LoopLM(cfg)` has)."""
+    the meta device gives the weights `torch.manual_seed(s); LoopLM(cfg)` has). Tied parameters stay tied:
+    `to_empty` gives each owner of a plain (unsharded) meta parameter a new parameter of its own, so every
+    extra owner of a shared one gets its first owner's back."""
+    owners: dict[int, list] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append((module, name))
     model.to_empty(device=device)
+    for (first, first_name), *others in (o for o in owners.values() if len(o) > 1):
+        for module, name in others:
+            setattr(module, name, getattr(first, first_name))
     init_parameters(model, model.init_seed if seed is None else seed)

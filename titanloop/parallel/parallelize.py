@@ -4,6 +4,11 @@
 Order (as in torchtitan, which converts to float8 when it builds the model, then runs its llama3 parallelize):
 float8 linears -> tensor parallel -> activation checkpointing -> compile -> FSDP2.
 Meshes come from torchtitan's ParallelDims: "fsdp" (data parallel, always present) and "tp".
+
+FSDP2 is applied when it has work to do (`needs_fsdp`): more than one data-parallel rank, mixed precision (FSDP2's
+policy computes in bf16 from fp32 master weights) or float8 all-gathers. A one-rank fp32 run (a CPU run of one
+process) trains the plain module, as torchtitan does on one device: on a one-rank mesh FSDP2's hooks, parameter
+copies and DTensor dispatch cost a third of a small model's step and compute the same numbers.
 """
 
 from __future__ import annotations
@@ -47,8 +52,16 @@ def parallelize_looplm(
     apply_activation_checkpointing(model, activation_checkpoint, ac_kept_loops)
     if compile:
         apply_compile(model, compile_backend, compile_fullgraph)
-    apply_fsdp(model, parallel_dims.get_mesh("fsdp"), param_dtype, reduce_dtype, reshard_looped)
+    dp_mesh = parallel_dims.get_mesh("fsdp")
+    if needs_fsdp(dp_mesh.size(), parallel_dims.tp, param_dtype, reduce_dtype, float8):
+        apply_fsdp(model, dp_mesh, param_dtype, reduce_dtype, reshard_looped)
     return model
+
+
+def needs_fsdp(dp: int, tp: int, param_dtype: torch.dtype, reduce_dtype: torch.dtype, float8: str) -> bool:
+    """Whether FSDP2 wraps the model (module docstring): sharding over dp > 1 ranks, a tensor-parallel mesh to
+    compose with, mixed precision (param_dtype below fp32) or float8 weights; not a one-rank fp32 run."""
+    return dp > 1 or tp > 1 or param_dtype != torch.float32 or reduce_dtype != torch.float32 or float8 != "off"
 
 
 def gather_sequence(x: torch.Tensor, tp_mesh: DeviceMesh | None, seq_dim: int = 1) -> torch.Tensor:

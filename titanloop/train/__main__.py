@@ -61,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    threads = cpu_threads_per_process()
 
+    import torch
     import torch.distributed as dist
+
+    torch.set_num_threads(threads)
 
     # (CLI: torch.distributed and the trainer load only after the config is read and valid)
     from titanloop.train.run_callbacks import default_callbacks
@@ -93,6 +96,19 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
 
 
+def cpu_threads_per_process() -> int:
+    """CPU threads for this process's intra-op work: OMP_NUM_THREADS when set (torchrun sets 1 for several
+    processes per node), else this machine's cores shared among the node's processes (LOCAL_WORLD_SIZE), so one
+    process uses every core and N processes do not oversubscribe them. Exported as OMP_NUM_THREADS, which the
+    data loader's and compile's workers inherit."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) >= 1:
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
+
+
 def print_summary(run) -> None:
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
     p = cfg.parallelism
@@ -117,6 +133,8 @@ def speed_settings(run) -> str:
     """One line with what decides the speed: precision (float8: what was converted and how weights are
     all-gathered), activation checkpointing, sequences per step and the optimizer's implementation."""
     # (CLI: these load with the trainer, after the config check)
+    import torch
+
     from titanloop.parallel.activation_checkpoint import describe as describe_ac
     from titanloop.parallel.float8 import float8_summary
 
@@ -134,6 +152,7 @@ def speed_settings(run) -> str:
         f"{ac} | {t.micro_batch_size} sequence(s) of {t.seq_len} per rank per "
         f"micro-batch, {run.dataloader.grad_accum_at(0)} micro-batch(es) per step | compile {cfg.parallelism.compile} "
         f"| optimizer {cfg.optimizer.name} {implementation}"
+        + (f" | {torch.get_num_threads()} CPU thread(s)" if mesh.device_type == "cpu" else "")
     )
 
 
