@@ -150,3 +150,29 @@ def test_generate_bad_config(kwargs, match):
 def test_generate_bad_prompt():
     with pytest.raises(ConfigError, match="token ids in"):
         generate(model(), torch.tensor([[1, 500]]), GenerationConfig(max_new_tokens=1))
+
+
+def test_context_bounds_what_a_token_attends_to():
+    """context = c: the prompt is cut to its last c tokens, the cache keeps c - 1 positions while decoding, and
+    without a cache every step reads the last c tokens (nanoGPT's crop to block_size)."""
+    m = model()
+    long_prompt = torch.randint(0, 96, (3, 12), generator=torch.Generator().manual_seed(5))
+    c = 6
+    cut = generate(m, long_prompt, GenerationConfig(max_new_tokens=1, context=c))
+    assert torch.equal(cut.new_tokens, generate(m, long_prompt[:, -c:], GenerationConfig(max_new_tokens=1)).new_tokens)
+    cached = generate(m, long_prompt, GenerationConfig(max_new_tokens=10, context=c))
+    assert cached.cache_bytes == kv_cache_bytes(m.cfg, 3, c - 1, 4, "full")  # not 12 + 9 positions
+    fresh = generate(m, long_prompt, GenerationConfig(max_new_tokens=10, context=c, use_cache=False))
+    ids = long_prompt.clone()
+    with torch.no_grad():
+        for _ in range(10):
+            logits = m(ids[:, -c:], return_logits="last").logits[:, -1]
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(fresh.tokens[:, -10:], ids[:, -10:])
+    # a context that never binds changes nothing; the default is the model's max_seq_len
+    wide = generate(m, PROMPT, GenerationConfig(max_new_tokens=8, context=64))
+    assert torch.equal(wide.tokens, generate(m, PROMPT, GenerationConfig(max_new_tokens=8)).tokens)
+    short = LoopLM(preset("debug-tiny", vocab_size=96, max_seq_len=6)).eval()
+    assert generate(short, long_prompt, GenerationConfig(max_new_tokens=3)).cache_bytes == kv_cache_bytes(
+        short.cfg, 3, 5, 4, "full"
+    )

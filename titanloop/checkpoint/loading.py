@@ -105,6 +105,21 @@ def published_step_dir(path: Path) -> tuple[Path, dict]:
     return path, layout.read_manifest(path)
 
 
+def checkpoint_tokenizer(path) -> str | None:
+    """The tokenizer.json a checkpoint's text goes through, if it names one: `tokenizer.json` beside an Ouro HF
+    directory's weights (the export copies it there), or the `[data] tokenizer` (else `[validation.data]`'s) of the
+    training config a DCP checkpoint stores, when that file still exists; None otherwise."""
+    p = Path(path)
+    if checkpoint_format(p) == "ouro_hf":
+        return str(p / "tokenizer.json") if (p / "tokenizer.json").is_file() else None
+    config = published_step_dir(p)[1].get("config") or {}
+    for section in (config.get("data") or {}, ((config.get("validation") or {}).get("data") or {})):
+        name = section.get("tokenizer") if isinstance(section, dict) else None
+        if isinstance(name, str) and Path(name).is_file():
+            return name
+    return None
+
+
 DEVICE_VALUES = "auto, cpu, cuda or cuda:N"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -186,7 +201,7 @@ def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, 
             f"checkpoint {str(path)!r} stores {not_tensors[0]!r} as a non-tensor entry, not as a "
             "tensor: it is not a titanloop training checkpoint (refusing to load it)"
         )
-    load_dcp(targets, path)
+    load_dcp(targets, path, no_dist=not torch.distributed.is_initialized())  # one process: no group needed
 
 
 def _load_dcp(path: Path, device, dtype) -> LoopLM:

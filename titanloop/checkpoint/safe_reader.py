@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -96,7 +97,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 def load_dcp(state: dict, path, *, no_dist: bool = False) -> None:
     """dcp.load(state) from directory `path`, safely (see the module docstring); CheckpointError if refused."""
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(), no_dist=no_dist)
+        with warnings.catch_warnings():  # one process reading on its own is what is meant: DCP says so every time
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(), no_dist=no_dist)
     except CheckpointException as e:  # DCP wraps errors raised on any rank: surface ours as they are
         for exc in (f[0] if isinstance(f, tuple) else f for f in e.failures.values()):
             if isinstance(exc, CheckpointError):

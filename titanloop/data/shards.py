@@ -390,12 +390,32 @@ class ShardSource:
             i = int(np.searchsorted(offs, w * L, side="right")) - 1
             self.trace.append((k, int(self.token_offsets[order[i]] + w * L - offs[i])))
         if part is None:
-            self.bad_rows += 1
-            n = L + 1
-            return PackedRow(np.full(n, self.eos_id, np.int64), np.zeros(n, np.int64), np.zeros(n, bool))
+            return self._masked_row()
         a = w * L - lo
         tokens, doc_ids, targets = (x[a : a + L + 1] for x in part)
         return PackedRow(tokens.astype(np.int64), doc_ids.astype(np.int64), targets)
+
+    def _masked_row(self) -> PackedRow:
+        """A row of a bad shard (on_bad_shard='skip'): EOS tokens, no target; counted in bad_rows."""
+        self.bad_rows += 1
+        n = self.seq_len + 1
+        return PackedRow(np.full(n, self.eos_id, np.int64), np.zeros(n, np.int64), np.zeros(n, bool))
+
+    def every_window(self, chunk: int = 256):
+        """Every window of the set once, in order (the stream of epoch 0, unshuffled within it): how a held-out
+        set is scored whole (validation.steps = 0, `titanloop.eval --data <shard set>`). Rows of a bad shard come
+        out fully masked, as from `row`."""
+        L = self.seq_len
+        for first in range(0, self.windows, chunk):
+            last = min(first + chunk, self.windows)
+            part = self._read_stream(0, first * L, last * L + 1)
+            for w in range(first, last):
+                if part is None:
+                    yield self._masked_row()
+                    continue
+                a = (w - first) * L
+                tokens, doc_ids, targets = (x[a : a + L + 1] for x in part)
+                yield PackedRow(tokens.astype(np.int64), doc_ids.astype(np.int64), targets)
 
     def _read_stream(self, epoch: int, lo: int, hi: int):
         """Tokens [lo, hi) of the epoch's stream as (tokens, doc ids, targets), or None if a shard is bad."""
@@ -536,6 +556,18 @@ class ShardSource:
             )
         if self.verify and zlib.crc32(payload) != crc:
             raise ShardError(where, f"document {d}'s tokens fail their crc32: corrupt or replaced")
+
+
+def whole_set_batches(cfg: DataConfig, *, seq_len: int, vocab_size: int, batch_size: int) -> list[dict]:
+    """Every window of every source of `cfg` once (ShardSource.every_window), as micro-batches of `batch_size`
+    rows (the last one may be smaller): a held-out set scored whole."""
+    from titanloop.data.packing import rows_to_batch
+
+    rows = [r for src in open_shard_sources(cfg, seq_len=seq_len, vocab_size=vocab_size) for r in src.every_window()]
+    return [
+        rows_to_batch(rows[i : i + batch_size], list(range(i, min(i + batch_size, len(rows)))))
+        for i in range(0, len(rows), batch_size)
+    ]
 
 
 def open_shard_sources(cfg: DataConfig, *, seq_len: int, vocab_size: int) -> list[ShardSource]:

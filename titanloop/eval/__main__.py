@@ -3,6 +3,7 @@
 python -m titanloop.eval sweep CKPT --data task:mano --out out/eval          # report.json + plots
 python -m titanloop.eval sweep CKPT --data seqs.jsonl --loops 1,2,4,8 --q 0,0.5,0.9,1
 python -m titanloop.eval generate CKPT --prompt-ids 5,17,3 --max-new-tokens 16 --cache-policy last
+python -m titanloop.eval generate CKPT --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 20
 python -m titanloop.eval sweep CKPT --data task:mano --device cpu --dtype float32    # force the CPU
 
 Both subcommands load the model straight onto --device in --dtype (default auto: CUDA in bfloat16 when
@@ -19,10 +20,11 @@ from pathlib import Path
 from titanloop.config_errors import ConfigError
 
 DATA_HELP = (
-    "evaluation data: a .jsonl file with one token sequence per line (a JSON list of ids, or an object "
-    "with 'input_ids' and optional 'labels'); a .json file holding a titanloop.data DataConfig dict; "
-    "'task:NAME' for held-out examples of a synthetic task (mano, addition, xor, multihop); or "
-    "'synthetic_text'"
+    "evaluation data: a shard-set directory (holding manifest.json, e.g. a held-out split written by "
+    "data_pipelines.tokenize --holdout-out), scored whole: every window of --seq-len tokens once; a .jsonl file "
+    "with one token sequence per line (a JSON list of ids, or an object with 'input_ids' and optional 'labels'); a "
+    ".json file holding a titanloop.data DataConfig dict; 'task:NAME' for held-out examples of a synthetic task "
+    "(mano, addition, xor, multihop); or 'synthetic_text'"
 )
 WHERE = (
     "The model is loaded straight onto --device in --dtype and its forward passes run there (sweep: the LM head "
@@ -45,17 +47,22 @@ def _floats(s: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of numbers") from None
 
 
-def load_data(spec: str, seed: int = 0):
+def load_data(spec: str, seed: int = 0, *, seq_len: int = 256, batch_size: int = 8, vocab_size: int | None = None):
     """The --data argument -> a dataset titanloop.eval accepts (see DATA_HELP)."""
     import torch  # (CLI: `--help` and argument errors answer before torch is imported)
 
     from titanloop.data import DataConfig  # (CLI: as torch)
+    from titanloop.data.shard_format import MANIFEST
+    from titanloop.data.shards import whole_set_batches
 
     if spec.startswith("task:"):
         return DataConfig(kind="synthetic_task", task=spec[len("task:") :], split="eval", seed=seed)
     if spec == "synthetic_text":
         return DataConfig(kind="synthetic_text", seed=seed)
     path = Path(spec)
+    if path.is_dir() and (path / MANIFEST).is_file():
+        shards = DataConfig(kind="shards", sources=[{"path": str(path)}])
+        return whole_set_batches(shards, seq_len=seq_len, vocab_size=vocab_size or 2**31, batch_size=batch_size)
     if not path.is_file():
         raise ConfigError(f"--data={spec!r} is invalid: {DATA_HELP}")
     if path.suffix == ".json":
@@ -100,7 +107,9 @@ def _sweep(args) -> None:
             setattr(cfg, {"q": "q_thresholds", "margin": "margin_thresholds"}.get(name, name), value)
     print(f"loading {args.checkpoint} on {args.device} in {_dtype_name(args.dtype)}", flush=True)
     model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
-    dataset = load_data(args.data, args.seed)
+    dataset = load_data(
+        args.data, args.seed, seq_len=args.seq_len, batch_size=args.batch_size, vocab_size=model.cfg.vocab_size
+    )
     report = evaluate(
         model,
         dataset,
@@ -131,9 +140,33 @@ def _sweep(args) -> None:
 def _generate(args) -> None:
     import torch  # (CLI: torch only once a subcommand runs)
 
+    from titanloop.checkpoint.loading import checkpoint_tokenizer
+    from titanloop.data.tokenizer import find_eos_id, load_tokenizer
     from titanloop.eval import load_model  # (CLI: as torch)
     from titanloop.eval.generate import GenerationConfig, generate
 
+    tokenizer = None
+    if args.prompt is not None:
+        path = args.tokenizer or checkpoint_tokenizer(args.checkpoint)
+        if path is None:
+            raise ConfigError(
+                f"--prompt needs a tokenizer: {args.checkpoint} names none (no tokenizer.json beside it, no [data] "
+                "tokenizer in its config); pass --tokenizer tokenizer.json"
+            )
+        tokenizer = load_tokenizer(path)
+        prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+        if not prompt_ids:
+            raise ConfigError("--prompt is empty: give some text to continue, e.g. --prompt 'ROMEO:'")
+    else:
+        prompt_ids = args.prompt_ids
+        if not prompt_ids:
+            raise ConfigError("--prompt-ids is empty: expected a comma-separated list of token ids, e.g. 5,17,3")
+    eos = args.eos_token_id
+    if eos is None and tokenizer is not None:
+        try:
+            eos = find_eos_id(tokenizer)  # text stops at the end-of-text token the shards put after documents
+        except ConfigError:
+            eos = None
     model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     cfg = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
@@ -145,26 +178,30 @@ def _generate(args) -> None:
         temperature=args.temperature,
         top_k=args.top_k,
         seed=args.seed,
-        eos_token_id=args.eos_token_id,
+        eos_token_id=eos,
+        context=args.context,
     )
-    if not args.prompt_ids:
-        raise ConfigError("--prompt-ids is empty: expected a comma-separated list of token ids, e.g. 5,17,3")
-    out = generate(model, torch.tensor([args.prompt_ids]), cfg)
-    print(
-        json.dumps(
-            {
-                "new_tokens": out.new_tokens[0].tolist(),
-                "exit_loops": out.exit_loops[0].tolist(),
-                "loops_run": out.loops_run,
-                "cache_bytes": out.cache_bytes,
-                "full_cache_bytes": out.full_cache_bytes,
-                "prefill_cache_bytes": out.prefill_cache_bytes,
-                "memory_reduction": round(out.memory_reduction, 3),
-                "device": str(args.device),
-                "dtype": _dtype_name(args.dtype),
-            }
-        )
-    )
+    out = generate(model, torch.tensor([prompt_ids]), cfg)
+    stats = {
+        "new_tokens": out.new_tokens[0].tolist(),
+        "exit_loops": out.exit_loops[0].tolist(),
+        "loops_run": out.loops_run,
+        "cache_bytes": out.cache_bytes,
+        "full_cache_bytes": out.full_cache_bytes,
+        "prefill_cache_bytes": out.prefill_cache_bytes,
+        "memory_reduction": round(out.memory_reduction, 3),
+        "device": str(args.device),
+        "dtype": _dtype_name(args.dtype),
+    }
+    if tokenizer is None:
+        print(json.dumps(stats))
+        return
+    # text in, text out: the prompt and its continuation on stdout, the numbers on stderr
+    print(args.prompt + tokenizer.decode(stats["new_tokens"], skip_special_tokens=True), flush=True)
+    exits = stats.pop("exit_loops")
+    stats.update(new_tokens=len(stats.pop("new_tokens")), mean_exit_loop=round(sum(exits) / len(exits), 3))
+    stats["loops_run"] = round(sum(stats["loops_run"]) / len(stats["loops_run"]), 3)
+    print(json.dumps(stats), file=sys.stderr)
 
 
 def _dtype_name(dtype) -> str:
@@ -228,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jsrr-loops", type=_ints, default=None, help="loops at which to estimate the spectral radius")
     s.add_argument("--batch-size", type=int, default=8)
     s.add_argument("--max-batches", type=int, default=None, help="cap on batches (default: all; 8 for loaders)")
-    s.add_argument("--seq-len", type=int, default=256, help="row length for DataConfig datasets")
+    s.add_argument("--seq-len", type=int, default=256, help="row length for shard sets and DataConfig datasets")
     s.add_argument("--chunk-size", type=int, default=1024, help="tokens per LM-head chunk")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--no-diagnostics", action="store_true", help="skip radial gradient and JSRR")
@@ -237,12 +274,29 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate",
         help="greedy or sampled decoding with a KV cache",
-        description="Decode after --prompt-ids; prints new tokens, exit loops and KV-cache bytes. " + WHERE,
+        description="Decode after --prompt (text) or --prompt-ids; prints the text (--prompt) or the new tokens, with "
+        "exit loops and KV-cache bytes. " + WHERE,
     )
     g.add_argument("checkpoint", help=ckpt_help)
     _add_placement(g)
-    g.add_argument("--prompt-ids", type=_ints, required=True, help="comma-separated prompt token ids")
+    prompt = g.add_mutually_exclusive_group(required=True)
+    prompt.add_argument(
+        "--prompt",
+        default=None,
+        help="prompt text: encoded with --tokenizer (default: the checkpoint's own), the continuation decoded and "
+        "printed after it",
+    )
+    prompt.add_argument("--prompt-ids", type=_ints, default=None, help="comma-separated prompt token ids")
+    g.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json for --prompt (default: tokenizer.json beside an exported checkpoint, or the training "
+        "config's [data] tokenizer)",
+    )
     g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument(
+        "--context", type=int, default=None, help="tokens a token attends to (default: the model's max_seq_len)"
+    )
     g.add_argument("--n-loops", type=int, default=None, help="T (default: trained depth)")
     g.add_argument("--cache-policy", default="full", help="full | last | average | first (ouro §5.4.2)")
     g.add_argument("--exit-policy", default="static", help="static | q_exit")

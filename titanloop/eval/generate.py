@@ -23,6 +23,11 @@ first loop whose exit CDF reaches q; ouro §3.2). What happens to the loops afte
     layer inputs). Sequences are independent: a sequence's output never depends on its batch mates.
 With exit_kv='compute' and cache_policy='full' the generated tokens equal recomputation without a cache
 (`use_cache=False`), which tests/test_eval_generate.py checks.
+
+Context: a token attends to at most `context` tokens, itself included (default the model's max_seq_len, the
+longest row it was built for; e.g. 64 for nanoGPT's character model), as nanoGPT's sampler crops its input to the
+block size: a longer prompt is cut to its last `context` tokens, and while decoding the cache keeps the last
+`context - 1` positions (without a cache the input is cropped instead, so the two agree until the context fills).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class GenerationConfig:
     seed: int = 0
     eos_token_id: int | None = None
     use_cache: bool = True  # False: recompute the whole sequence every step (the reference)
+    context: int | None = None  # tokens a token attends to, itself included (None: the model's max_seq_len)
 
     def validate(self, model_cfg: LoopLMConfig) -> None:
         require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an integer >= 1")
@@ -66,6 +72,7 @@ class GenerationConfig:
         require(0.0 <= self.q <= 1.0, "q", self.q, "a threshold in [0, 1]")
         require(self.temperature >= 0, "temperature", self.temperature, "a value >= 0 (0 = greedy)")
         require(self.top_k is None or self.top_k >= 1, "top_k", self.top_k, "an integer >= 1 or None")
+        require(self.context is None or self.context >= 1, "context", self.context, "an integer >= 1 or None")
         require(
             self.eos_token_id is None or 0 <= self.eos_token_id < model_cfg.vocab_size,
             "eos_token_id",
@@ -84,6 +91,11 @@ def kv_cache_bytes(
     return per_layer * (cfg.n_prelude_layers + looped)
 
 
+def _last(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The last n positions (dim 2) of a [B, heads, positions, D] cache tensor (n = 0: none)."""
+    return t[:, :, max(t.shape[2] - n, 0) :]
+
+
 class _Slot:
     def __init__(self, cache: "LoopKVCache", key: tuple):
         self.cache, self.key = cache, key
@@ -95,9 +107,10 @@ class _Slot:
 class LoopKVCache:
     """The cache object handed to LoopLM.forward / iter_loops as `kv_cache` (module docstring)."""
 
-    def __init__(self, n_loops: int, policy: str = "full"):
+    def __init__(self, n_loops: int, policy: str = "full", window: int | None = None):
         require_choice(policy, "cache_policy", CACHE_POLICIES)
         self.n_loops, self.policy = n_loops, policy
+        self.window = window  # positions kept while decoding (None: all)
         self.store: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pending: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.decoding = False
@@ -118,6 +131,8 @@ class LoopKVCache:
             return k, v
         self.pending[key] = (k, v)  # committed after the token's last loop (commit)
         pk, pv = self.store[self._storage_key(key)]
+        if self.window is not None:
+            pk, pv = _last(pk, self.window), _last(pv, self.window)
         return torch.cat([pk, k], 2), torch.cat([pv, v], 2)
 
     def start_decoding(self) -> None:
@@ -169,7 +184,10 @@ class LoopKVCache:
 
     def _append(self, key, k, v):
         pk, pv = self.store[key]
-        self.store[key] = (torch.cat([pk, k], 2), torch.cat([pv, v], 2))
+        k, v = torch.cat([pk, k], 2), torch.cat([pv, v], 2)
+        if self.window is not None:
+            k, v = _last(k, self.window), _last(v, self.window)
+        self.store[key] = (k, v)
 
     def nbytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.store.values())
@@ -250,16 +268,17 @@ def generate(model: LoopLM, input_ids: torch.Tensor, cfg: GenerationConfig | Non
         f"token ids in [0, {model.cfg.vocab_size})",
     )
     n_loops = cfg.n_loops or model.cfg.n_loops
+    context = cfg.context or model.cfg.max_seq_len
     device = model.embed_tokens.weight.device
-    ids = input_ids.to(device)
+    ids = input_ids[:, -context:].to(device)
     gen = torch.Generator().manual_seed(cfg.seed)
-    cache = LoopKVCache(n_loops, cfg.cache_policy) if cfg.use_cache else None
+    cache = LoopKVCache(n_loops, cfg.cache_policy, window=context - 1) if cfg.use_cache else None
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
     new, exits, loops_run = [], [], []
     prefill_bytes = 0
     for i in range(cfg.max_new_tokens):
         if cache is None:
-            readout, exit_loop, ran = _run_loops(model, ids, n_loops, cfg)
+            readout, exit_loop, ran = _run_loops(model, ids[:, -context:], n_loops, cfg)
         elif i == 0:  # prefill: all loops, one cache per (loop, layer)
             readout, exit_loop, _ = _run_loops(
                 model, ids, n_loops, dataclasses.replace(cfg, exit_kv="compute"), kv_cache=cache
@@ -283,7 +302,7 @@ def generate(model: LoopLM, input_ids: torch.Tensor, cfg: GenerationConfig | Non
         if cfg.eos_token_id is not None and bool(finished.all()):
             break
     # The last token's K/V would only be written when it is fed back; count the cache for the tokens it holds.
-    held = ids.shape[1] - 1
+    held = min(ids.shape[1] - 1, context)
     return GenerationResult(
         tokens=ids,
         new_tokens=torch.stack(new, 1),

@@ -12,8 +12,9 @@ rank: what `python -m titanloop.eval sweep` reports for the same data on the che
 Held-out data (`validation.data`, default derived from `[data]`): a synthetic task's held-out split
 (`eval_batches` of `steps * batch_size * dp` examples, batches dealt round-robin to the dp ranks) or, for any
 other kind, the first `steps` global batches of its own PackedLoader sharded over the dp ranks (rank r reads its
-part of global batches 0..steps-1; no sample is read by two ranks). The batches are read once, at the start, and
-kept on the CPU: every validation scores the same tokens.
+part of global batches 0..steps-1; no sample is read by two ranks). With `steps = 0` a held-out shard set is
+scored whole: every window of it once, in order, its batches dealt round-robin to the dp ranks. The batches are
+read once, at the start, and kept on the CPU: every validation scores the same tokens.
 
 Training is not changed: no parameter, optimizer or loader state is touched, torch / CUDA / Python / NumPy RNG
 states are saved and restored around it, and under FSDP2 every module is resharded afterwards (the state the
@@ -42,7 +43,8 @@ from titanloop.parallel import gather_sequence
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.config_errors import ConfigError, require
 from titanloop.data import build_dataloader
-from titanloop.data.config import DataConfig
+from titanloop.data.config import SHARD_KINDS, DataConfig
+from titanloop.data.shards import whole_set_batches
 from titanloop.data.synthetic_tasks import build_task, eval_batches
 
 
@@ -52,7 +54,7 @@ class ValidationSection:
 
     enable: bool = False
     freq: int = 1000  # steps between validations (also at the last step)
-    steps: int = 4  # batches per data-parallel rank
+    steps: int = 4  # batches per data-parallel rank; 0: a held-out shard set whole (every window once)
     batch_size: int = 0  # rows per batch per data-parallel rank (0 = training.micro_batch_size)
     loops: list = field(default_factory=list)  # loop counts T to score ([] = 1..T_train and 2 x T_train)
     q: list = field(default_factory=lambda: [0.5, 0.8, 0.9])  # Q-exit thresholds (ouro §3.2) over T_train loops
@@ -63,7 +65,12 @@ class ValidationSection:
 
     def validate(self, train_data: DataConfig):
         require(self.freq >= 1, "validation.freq", self.freq, "an integer >= 1 (steps between validations)")
-        require(self.steps >= 1, "validation.steps", self.steps, "an integer >= 1 (batches per data-parallel rank)")
+        require(
+            self.steps >= 0,
+            "validation.steps",
+            self.steps,
+            "an integer >= 1 (batches per data-parallel rank), or 0 for a held-out shard set whole",
+        )
         require(
             self.batch_size >= 0,
             "validation.batch_size",
@@ -90,6 +97,14 @@ class ValidationSection:
                 f"validation.data is empty with data.kind={train_data.kind!r}: give the held-out shard "
                 "sets as [validation.data] kind = ..., sources = [{path = ...}]"
             )
+        if self.steps == 0 and self.held_out is not None:
+            require(
+                self.held_out.kind in SHARD_KINDS,
+                "validation.steps",
+                0,
+                f"an integer >= 1 with held-out data of kind {self.held_out.kind!r} (0, the whole set, is for shard "
+                "sets)",
+            )
 
     def loop_counts(self, t_train: int, m) -> list[int]:
         """The loop counts validation scores: `loops`, or 1..T_train and 2 x T_train (T_train: the loop sampler's
@@ -115,6 +130,9 @@ def held_out_batches(cfg, dp_rank: int, dp_world: int) -> list[dict]:
         every = list(eval_batches(task, v.steps * b * dp_world, b, seed=d.seed))
         return every[dp_rank::dp_world]
 
+    if v.steps == 0:  # the whole held-out set, every window once, its batches dealt round robin to the ranks
+        every = whole_set_batches(d, seq_len=cfg.training.seq_len, vocab_size=cfg.looplm.vocab_size, batch_size=b)
+        return every[dp_rank::dp_world]
     loader = build_dataloader(
         dataclasses.replace(d, prefetch=0),
         seq_len=cfg.training.seq_len,
