@@ -1,9 +1,18 @@
-"""Streaming document readers: FineWeb-style parquet and Nemotron-CC-style (zstd) JSON lines.
+"""Streaming document readers: FineWeb-style parquet, Nemotron-CC-style (zstd) JSON lines and plain text.
 
 Files are opened through pyarrow's filesystems, so local paths and s3:// / gs:// URLs work alike, and are
-read in record batches / line by line: memory stays bounded by one batch, never a whole file or file set.
-A document is (text, id, meta): `id` is the source's document id column when present, `meta` the other
+read in record batches / line by line: memory stays bounded by one batch (or one document), never a whole file
+set. A document is (text, id, meta): `id` is the source's document id column when present, `meta` the other
 scalar columns (url, dump, language_score, quality, ...).
+
+Plain text (`.txt`, UTF-8) has no document boundaries of its own; `TextSplit` names the rule:
+    file        the whole file is one document (default; e.g. tinyshakespeare)
+    paragraph   documents are separated by one or more blank lines
+    line        every non-blank line is a document
+    start=REGEX a document starts at every line matching REGEX (re.match), e.g. WikiText's article titles
+                `start=^ = [^=].* = $`; lines before the first match form a document of their own
+Text inside a document is kept byte for byte (line ends included); the separators (blank lines) are dropped,
+and so is each document's last line end (file: kept, the file is the document).
 """
 
 from __future__ import annotations
@@ -11,17 +20,48 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.zstd", ".json.zst", ".json.zstd")
+TEXT_SUFFIXES = (".txt",)
+SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES + TEXT_SUFFIXES
 ID_COLUMNS = ("id", "warc_record_id", "doc_id")
+TEXT_SPLITS = ("file", "paragraph", "line", "start=REGEX")
+
+
+@dataclass(frozen=True)
+class TextSplit:
+    """How a plain-text file is cut into documents (module docstring): `TextSplit.parse("start=^ = ")`."""
+
+    rule: str = "file"  # file | paragraph | line | start
+    start: str | None = None  # the regex of rule "start"
+
+    @classmethod
+    def parse(cls, spec: str) -> "TextSplit":
+        if spec in ("file", "paragraph", "line"):
+            return cls(spec)
+        if spec.startswith("start="):
+            pattern = spec[len("start=") :]
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"--doc-split {spec!r}: the regex does not compile ({e})") from None
+            if not pattern:
+                raise ValueError("--doc-split 'start=' has no regex: e.g. --doc-split 'start=^ = [^=].* = $'")
+            return cls("start", pattern)
+        raise ValueError(f"--doc-split {spec!r} is invalid: expected one of {', '.join(TEXT_SPLITS)}")
+
+    def __str__(self) -> str:
+        return f"start={self.start}" if self.rule == "start" else self.rule
 
 
 def is_supported(path: str) -> bool:
-    return path.endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES)
+    return path.endswith(SUFFIXES)
 
 
 def list_inputs(paths: list[str]) -> list[str]:
@@ -37,12 +77,10 @@ def list_inputs(paths: list[str]) -> list[str]:
             out += [prefix + f if prefix and not f.startswith(prefix) else f for f in found]
         elif info.type == pafs.FileType.File:
             if not is_supported(p):
-                raise SystemExit(
-                    f"error: input {p} is not a supported file: expected one of {PARQUET_SUFFIXES + JSONL_SUFFIXES}"
-                )
+                raise SystemExit(f"error: input {p} is not a supported file: expected one of {SUFFIXES}")
             out.append(p)
         else:
-            raise SystemExit(f"error: input {p} does not exist: pass parquet / jsonl(.zst) files or directories")
+            raise SystemExit(f"error: input {p} does not exist: pass parquet / jsonl(.zst) / txt files or directories")
     return sorted(dict.fromkeys(out))
 
 
@@ -98,8 +136,63 @@ def read_jsonl(path: str, text_column: str = "text") -> Iterator[tuple[str, str,
             yield record[text_column] or "", doc_id, _meta(record, text_column, id_column)
 
 
-def read_documents(path: str, text_column: str = "text") -> Iterator[tuple[str, str, dict]]:
+def read_text(path: str, split: TextSplit = TextSplit()) -> Iterator[tuple[str, str, dict]]:
+    """Documents of a UTF-8 plain-text file, cut by `split` (module docstring); ids are `<file name>:<n>`."""
+    name = os.path.basename(path)
+    start = re.compile(split.start) if split.rule == "start" else None
+    n = 0
+
+    def document(lines: list[str]):
+        nonlocal n
+        text = "".join(lines)
+        if split.rule != "file":  # the line end before a separator belongs to the separator
+            text = text.removesuffix("\n").removesuffix("\r")
+        if text.strip() or (split.rule == "file" and text):
+            n += 1
+            return (text, f"{name}:{n - 1}", {})
+        return None
+
+    with _open(path) as raw:
+        lines_in = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        current: list[str] = []
+        try:
+            for line in lines_in:
+                if split.rule == "file":
+                    current.append(line)
+                    continue
+                blank = not line.strip()
+                if split.rule == "line":
+                    if not blank:
+                        doc = document([line])
+                        if doc:
+                            yield doc
+                    continue
+                if split.rule == "paragraph" and blank:
+                    doc = document(current) if current else None
+                    current = []
+                    if doc:
+                        yield doc
+                    continue
+                if start is not None and start.match(line.rstrip("\r\n")) and current:
+                    doc = document(current)
+                    current = []
+                    if doc:
+                        yield doc
+                current.append(line)
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"error: {path} is not UTF-8 text ({e.reason} at byte {e.start} of a line)") from None
+        if current:
+            doc = document(current)
+            if doc:
+                yield doc
+
+
+def read_documents(
+    path: str, text_column: str = "text", text_split: TextSplit = TextSplit()
+) -> Iterator[tuple[str, str, dict]]:
     """(text, id, meta) for every document of one input file, in file order."""
     if path.endswith(PARQUET_SUFFIXES):
         return read_parquet(path, text_column)
+    if path.endswith(TEXT_SUFFIXES):
+        return read_text(path, text_split)
     return read_jsonl(path, text_column)
