@@ -253,3 +253,18 @@ def test_a_held_out_set_scored_whole_reads_every_window_once(tmp_path):
     assert [len(b["labels"]) for b in batches][:-1] == [7] * (len(batches) - 1)
     with pytest.raises(ConfigError, match="0, the whole set, is for shard sets"):
         load_config(REPO / "train_configs/debug.toml", ["--validation.enable", "true", "--validation.steps", "0"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["nanogpt_shakespeare_char.toml", "nanogpt_shakespeare_gpu.toml"])
+def test_nanogpt_configs_train_on_the_committed_text(tmp_path, config):
+    """Both nanoGPT-shape configs start from the committed corpus (data_pipelines.corpora, data/shards) and score
+    the whole validation split; the GPU one (dropout 0.2) here on the CPU, uncompiled, at a small batch."""
+    corpora.build("shakespeare_char")
+    small = {"training.steps": 4, "validation.freq": 4, "metrics.log_freq": 1, "checkpoint.enable": False}
+    if "gpu" in config:
+        small |= {"parallelism.compile": False, "training.micro_batch_size": 2, "training.global_batch_size": 2}
+    run = train(tmp_path / "run", small, nproc=1, config=REPO / "train_configs" / config)
+    val, seq = run.by_step[4], 64 if "char" in config else 256
+    assert val["val/tokens"] == (111541 - 1) // seq * seq  # every window of the split (its EOS included)
+    assert val["val/loss/loop_1"] < 4.3  # ln 67 = 4.2: learning has started

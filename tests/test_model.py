@@ -318,3 +318,19 @@ def test_unknown_preset_and_unknown_key():
         preset("ouro-99b")
     with pytest.raises(ConfigError, match="unknown key"):
         LoopLMConfig.from_dict({"hidden_size": 64, "n_layerz": 2})
+
+
+def test_dropout_acts_in_training_only():
+    torch.manual_seed(0)
+    plain = LoopLM(preset("debug-tiny"))
+    torch.manual_seed(0)
+    dropped = LoopLM(preset("debug-tiny", dropout=0.2))
+    ids = torch.randint(0, 512, (2, 16))
+    dropped.train()
+    a, b = (dropped(ids, return_logits="last").logits for _ in range(2))
+    assert not torch.equal(a, b)  # a fresh mask per call
+    dropped.eval()
+    assert torch.equal(dropped(ids, return_logits="last").logits, plain(ids, return_logits="last").logits)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in plain.modules())  # 0: no module at all
+    with pytest.raises(ConfigError, match="dropout"):
+        preset("debug-tiny", dropout=1.0)

@@ -35,6 +35,10 @@ class LoopLMConfig:
     # unit-RMS update to the residual stream, so an embedding of RMS 0.02 is ~2% of the state after the first
     # sublayer; 1.0 puts the token on par with the updates (docs/training.md, "Embedding scale").
     embed_init_std: float | None = None
+    # dropout probability, in training only (model.train()): on the embedding and on each sublayer's output before
+    # it joins the residual stream, as nanoGPT's (which also drops attention weights; titanloop's fused attention
+    # kernels do not). 0: no dropout module at all.
+    dropout: float = 0.0
 
     # Variants (all off by default; the defaults reproduce Ouro).
     readout: str = "norm"  # norm | raw | final_only_norm  (readout-blind-spot §3)
@@ -105,6 +109,7 @@ class LoopLMConfig:
             self.embed_init_std,
             "null when tie_embeddings = true (the tied LM head would start at that scale too)",
         )
+        require(0 <= self.dropout < 1, "dropout", self.dropout, "a probability in [0, 1)")
         require_choice(self.readout, "readout", READOUTS)
         require_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         require(self.n_prelude_layers >= 0, "n_prelude_layers", self.n_prelude_layers, "an integer >= 0")

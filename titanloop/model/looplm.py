@@ -107,11 +107,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the attention output
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # before the MLP
         self.post_attention_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the MLP output
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None  # training only
 
     def forward(self, h, cos, sin, mask=None, cache=None):
-        h = h + self.input_layernorm_2(self.self_attn(self.input_layernorm(h), cos, sin, mask, cache))
-        h = h + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(h)))
-        return h
+        a = self.input_layernorm_2(self.self_attn(self.input_layernorm(h), cos, sin, mask, cache))
+        h = h + (a if self.dropout is None else self.dropout(a))
+        m = self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(h)))
+        return h + (m if self.dropout is None else self.dropout(m))
 
 
 @dataclass
@@ -154,6 +156,7 @@ class LoopLM(nn.Module):
         self.init_seed = draw_seed()
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None  # training only
         self.prelude = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_prelude_layers))
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))  # the looped stack
         self.coda = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_coda_layers))
@@ -278,6 +281,8 @@ class LoopLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.embed_dropout is not None:
+            x = self.embed_dropout(x)
         for i, layer in enumerate(self.prelude):
             x = layer(x, cos, sin, mask, kv_cache.get("prelude", 0, i) if kv_cache is not None else None)
         return x

@@ -175,9 +175,13 @@ def _validation_plan(cfg: TrainConfig, dp: int, report: DryRunReport) -> None:
     d, b = v.held_out, batch_size(cfg)
     runs = t.steps // v.freq + (t.steps % v.freq != 0)
     loops = v.loop_counts(cfg.loop_sampler.n_loops, cfg.looplm)
+    size = (
+        f"the whole held-out set in batches of {b} rows (validation.steps = 0)"
+        if v.steps == 0
+        else f"{v.steps} batches x {b} rows per data-parallel rank ({v.steps * b * dp} held-out rows)"
+    )
     line = (
-        f"validation: {runs} runs (every {v.freq} steps and the last), {v.steps} batches x {b} rows per "
-        f"data-parallel rank ({v.steps * b * dp} held-out rows), loops T in {loops}, "
+        f"validation: {runs} runs (every {v.freq} steps and the last), {size}, loops T in {loops}, "
         f"Q-exit q in {v.q}, held-out data {d.kind}"
     )
     if d.kind in ("synthetic_task", "synthetic_text"):

@@ -245,11 +245,18 @@ def validate(run, batches: list[dict]) -> dict:
     start = time.perf_counter()
     t_train = cfg.loop_sampler.n_loops  # T's one home
     loops, qs = cfg.validation.loop_counts(t_train, cfg.looplm), [float(q) for q in cfg.validation.q]
+    model = run.engine.model
+    dropout = cfg.looplm.dropout > 0  # switched off as titanloop.eval scores (only then: a compiled layer would
+    #                                   compile again for the eval flag)
     with _SavedRNG():
         try:
+            if dropout:
+                model.eval()
             stats = rank_stats(run, batches, max(max(loops), t_train))
         finally:
-            _reshard(run.engine.model)
+            if dropout:
+                model.train()
+            _reshard(model)
     packed = torch.tensor(_sums(stats, loops, qs, t_train), dtype=torch.float64)
     if dist.is_initialized():
         packed = packed.to(mesh.device)
