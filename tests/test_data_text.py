@@ -232,6 +232,13 @@ def test_each_tokenizer_trains_scores_and_generates(tmp_path, kind):
     proc = subprocess.run(gen, cwd=REPO, env=env, check=True, capture_output=True, text=True)
     assert proc.stdout.startswith("ROMEO:") and len(proc.stdout) > len("ROMEO:")
     assert json.loads(proc.stderr.strip().splitlines()[-1])["new_tokens"] >= 1
+    # the HF export carries the run's tokenizer.json; generate finds it there and writes the same text
+    hf = tmp_path / "hf"
+    export = [sys.executable, "-m", "titanloop.interchange", "export", "--checkpoint", ckpt, "--out", str(hf)]
+    subprocess.run(export, cwd=REPO, env=env, check=True, capture_output=True)
+    assert (hf / "tokenizer.json").read_bytes() == (tmp_path / "tok.json").read_bytes()
+    again = subprocess.run([*gen[:4], str(hf), *gen[5:]], cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    assert again.stdout == proc.stdout
 
 
 def test_a_held_out_set_scored_whole_reads_every_window_once(tmp_path):

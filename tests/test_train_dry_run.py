@@ -58,9 +58,12 @@ def readme_launches() -> list[tuple[str, str, int, list[str]]]:
             j = rest.index("--world-size")
             out.append((cmd, words[i + 1], int(rest[j + 1]), rest[:j] + rest[j + 2 :]))
         elif words[0] == "torchrun" and "titanloop.train" in words:
-            opts = dict(zip(words, words[1:]))
-            i = words.index("--config")
-            out.append((cmd, words[i + 1], int(opts["--nnodes"]) * int(opts["--nproc_per_node"]), words[i + 2 :]))
+            # --opt value and --opt=value alike; one node unless --nnodes says more
+            split = [p for w in words for p in (w.split("=", 1) if w.startswith("--") and "=" in w else [w])]
+            opts = dict(zip(split, split[1:]))
+            i = split.index("--config")
+            size = int(opts.get("--nnodes", 1)) * int(opts["--nproc_per_node"])
+            out.append((cmd, split[i + 1], size, split[i + 2 :]))
     return out
 
 

@@ -2,16 +2,20 @@
 
     python -m titanloop.interchange inspect DIR                 config summary + parameter count (headers only)
     python -m titanloop.interchange export --preset debug-tiny --out DIR [--set n_loops=2] [--dtype bfloat16]
+    python -m titanloop.interchange export --checkpoint runs/x/checkpoints --out DIR      a trained model, with its
+                                                                tokenizer.json (--tokenizer, default the run's own)
     python -m titanloop.interchange verify DIR                  import, export to a temp dir, compare bitwise
 
-`export` writes a freshly initialized model of a preset (seeded), e.g. to hand a tiny Ouro checkpoint to
-evaluation code; training checkpoints are exported from Python with titanloop.interchange.export_ouro_hf.
+`export` writes a trained checkpoint (--checkpoint: a titanloop DCP checkpoint or folder, and its tokenizer.json
+beside the weights, so Hugging Face code, `titanloop.eval generate --prompt` and the lm-eval adapter find it), or a
+freshly initialized model of a preset (seeded), e.g. to hand a tiny Ouro checkpoint to evaluation code.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 
@@ -61,10 +65,25 @@ def cmd_inspect(args) -> None:
 
 
 def cmd_export(args) -> None:
-    cfg = preset(args.preset, **_overrides(args.set))
-    torch.manual_seed(args.seed)
-    print(f"building {args.preset} ({cfg.param_count():,} params) ...", file=sys.stderr)
-    model = LoopLM(cfg)
+    tokenizer = None
+    if args.checkpoint:
+        from titanloop.checkpoint.loading import checkpoint_tokenizer, load_model
+
+        if args.set:
+            raise ConfigError("--set changes a preset's fields: it does not go with --checkpoint (a trained model)")
+        model = load_model(args.checkpoint)
+        tokenizer = args.tokenizer or checkpoint_tokenizer(args.checkpoint)
+        print(f"loaded {args.checkpoint} ({model.num_params():,} params) ...", file=sys.stderr)
+    else:
+        cfg = preset(args.preset, **_overrides(args.set))
+        torch.manual_seed(args.seed)
+        print(f"building {args.preset} ({cfg.param_count():,} params) ...", file=sys.stderr)
+        model = LoopLM(cfg)
+        tokenizer = args.tokenizer
+    if tokenizer is not None:
+        from titanloop.data.tokenizer import tokenizer_fingerprint
+
+        tokenizer_fingerprint(tokenizer)  # a missing or broken file is refused before anything is written
     out = export_ouro_hf(
         model,
         args.out,
@@ -72,7 +91,9 @@ def cmd_export(args) -> None:
         max_shard_bytes=args.max_shard_bytes,
         allow_variant=args.allow_variant,
     )
-    print(f"wrote {out}")
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
+    print(f"wrote {out}" + (f" with {tokenizer} as tokenizer.json" if tokenizer else ""))
 
 
 def cmd_verify(args) -> None:
@@ -97,8 +118,14 @@ def main(argv=None) -> None:
     pi = sub.add_parser("inspect", help="print the config summary and parameter count of an Ouro directory")
     pi.add_argument("path")
     pi.set_defaults(fn=cmd_inspect)
-    pe = sub.add_parser("export", help="write a freshly initialized preset model as an Ouro directory")
-    pe.add_argument("--preset", default="debug-tiny", help="model preset (default debug-tiny)")
+    pe = sub.add_parser("export", help="write a trained checkpoint (or a fresh preset model) as an Ouro directory")
+    pe.add_argument("--checkpoint", default=None, help="a trained titanloop checkpoint to export (else --preset)")
+    pe.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json to write beside the weights (default with --checkpoint: the run's [data] tokenizer)",
+    )
+    pe.add_argument("--preset", default="debug-tiny", help="model preset of a fresh model (default debug-tiny)")
     pe.add_argument(
         "--set",
         action="append",
