@@ -49,11 +49,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32 like the Hugging Face Ouro/Llama implementations, then cast back.
+        # Normalize in fp32 like the Hugging Face Ouro/Llama implementations, then cast back (no cast in fp32).
         dtype = x.dtype
-        x = x.float()
+        if dtype != torch.float32:
+            x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
 
     def reset_parameters(self):
         nn.init.ones_(self.weight)
@@ -204,9 +205,17 @@ class LoopLM(nn.Module):
 
     # ----- pieces the objectives and parallel plans use -----------------------------------------
     def rope(self, seq_len: int, device, dtype, positions: torch.Tensor | None = None, offset: int = 0):
-        if positions is None:
+        if positions is not None:
+            return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)
+        # positions 0..S-1 (every training step): the tables of the last (S, device, dtype) are kept, not recomputed
+        key = (seq_len, offset, str(device), dtype)
+        cached = getattr(self, "_rope_tables", None)
+        if cached is None or cached[0] != key or torch.compiler.is_compiling():
             positions = torch.arange(offset, offset + seq_len, device=device)
-        return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)
+            cached = (key, rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype))
+            if not torch.compiler.is_compiling():
+                self._rope_tables = cached
+        return cached[1]
 
     def rope_and_mask(
         self,
