@@ -115,10 +115,12 @@ def print_summary(run) -> None:
 
 def speed_settings(run) -> str:
     """One line with what decides the speed: precision (float8: what was converted and how weights are
-    all-gathered), activation checkpointing, sequences per step and the optimizer's implementation."""
+    all-gathered), activation checkpointing, sequences per step and the optimizer's implementation; and the
+    peak its MFU is quoted against (titanloop.train.mfu)."""
     # (CLI: these load with the trainer, after the config check)
     from titanloop.parallel.activation_checkpoint import describe as describe_ac
     from titanloop.parallel.float8 import float8_summary
+    from titanloop.train.mfu import device_name, peak_flops, peak_text
 
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
     ac = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
@@ -127,13 +129,14 @@ def speed_settings(run) -> str:
     if mesh.device_type != "cuda" and f8 != "off":
         precision += ", emulated on CPU"
     implementation = cfg.optimizer.resolved_implementation(mesh.device_type, mesh.dims.tp)
+    name = device_name(mesh.device_type)
     if cfg.parallelism.engine == "deepspeed":
         implementation = "foreach (DeepSpeed)"
     return (
         f"speed: {run.param_dtype} params, {precision} | activation checkpointing "
         f"{ac} | {t.micro_batch_size} sequence(s) of {t.seq_len} per rank per "
         f"micro-batch, {run.dataloader.grad_accum_at(0)} micro-batch(es) per step | compile {cfg.parallelism.compile} "
-        f"| optimizer {cfg.optimizer.name} {implementation}"
+        f"| optimizer {cfg.optimizer.name} {implementation} | {peak_text(name, peak_flops(name))}"
     )
 
 
