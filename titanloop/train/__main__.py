@@ -3,8 +3,8 @@
 The config and the mesh are validated before any process group exists: bad input is a one-line
 `error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3;
 a preempted run exits 75 after saving (titanloop.checkpoint.preemption).
-`--dry-run --world-size N [--memory-plan]` starts the run at N ranks in one process on torchtitan's fake
-backend and prints the plan instead of training (titanloop.train.dry_run).
+`--dry-run --world-size N [--memory-plan | --fit-ac]` starts the run at N ranks in one process on torchtitan's
+fake backend and prints the plan instead of training (titanloop.train.dry_run).
 """
 
 from __future__ import annotations
@@ -38,14 +38,30 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--world-size", type=int, help="ranks of the dry run (e.g. nodes x 8)")
     parser.add_argument("--memory-plan", action="store_true", help="dry run: also print the per-GPU memory plan")
-    parser.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory plan: GPU memory (default 80)")
+    parser.add_argument(
+        "--gpu-mem-gb",
+        type=float,
+        default=None,
+        help="memory plan: GB per GPU (default: this machine's GPU, without one 80, an H100)",
+    )
+    parser.add_argument(
+        "--fit-ac",
+        action="store_true",
+        help="dry run: plan several activation-checkpointing settings and name the least recomputation that fits",
+    )
+    parser.add_argument(
+        "--fit-margin",
+        type=float,
+        default=0.0,
+        help="--fit-ac: also keep this fraction of the planned peak free (e.g. 0.1; default 0)",
+    )
     return parser.parse_known_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     config_path = args.config
-    if args.dry_run or args.world_size is not None or args.memory_plan:
+    if args.dry_run or args.world_size is not None or args.memory_plan or args.fit_ac:
         if config_path is None or not args.dry_run or not args.world_size or args.world_size < 1:
             print(
                 "error: a dry run needs --config C --dry-run --world-size N (N >= 1, e.g. nodes x 8)", file=sys.stderr
@@ -53,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from titanloop.train.dry_run import main as dry_run_main  # (CLI: a bad command line answers in ~0.1 s)
 
-        return dry_run_main(config_path, overrides, args.world_size, args.memory_plan, args.gpu_mem_gb)
+        return dry_run_main(
+            config_path, overrides, args.world_size, args.memory_plan, args.gpu_mem_gb, args.fit_ac, args.fit_margin
+        )
     try:
         if config_path is None:
             raise ConfigError("no config given: pass --config train_configs/<name>.toml (see --help)")
