@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's benchmarks package, when run as a script
 
 from benchmarks.report import measured_commit  # noqa: E402
+from titanloop.train.launch import torchrun  # noqa: E402
 
 # the learning row's task (motifs from 64 ids) at debug-small, as in the session-3 CPU probe
 BASE = [
@@ -40,8 +41,7 @@ BASE = [
     "--checkpoint.enable", "false",
 ]  # fmt: skip
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "titanloop.train"]
-TORCHRUN += ["--config", "train_configs/debug.toml"]
+TORCHRUN = torchrun(1, "-m", "titanloop.train", "--config", "train_configs/debug.toml")[1:]  # (without the python)
 
 SEPARATING = {
     "readout_raw": ["--model.readout", "raw"],
