@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""How much of a training step's peak memory torch.compile removes, on the CPU, beside the memory plan (issue 34).
+"""How much of a training step's peak memory torch.compile removes, on the CPU, beside the memory plan.
 
-    python scripts/compile_memory_probe.py --out compile_memory_probe.json       # about 15 minutes on 2 cores
+    python benchmarks/probes/compile_memory.py --out compile_memory_cpu.json       # about 15 minutes on 2 cores
 
 The memory plan (titanloop.train.memory_plan) traces the step eagerly: Dynamo does not trace under its tracker. The
 shipped configs compile every layer, and inductor keeps fewer tensors for the backward (fused elementwise chains,
@@ -10,8 +10,8 @@ a small LoopLM at 4K tokens per sequence, eager and compiled, with and without p
 and records each step's resident-set peak (VmHWM, reset after two warm-up steps, glibc told to give freed memory
 back at once) beside the plan of the same config. It is a probe, not a benchmark: CPU kernels are not CUDA kernels,
 so it says which way and roughly how far compile moves the peak, which the GPU's memory runs (gpu_check) measure.
-The plan beside both is the eager config's (the plan of a compiled config subtracts compile's saving since the
-first H100 session; scripts/plan_vs_gpu.py sets those plans against the H100's peaks).
+The plan beside both is the eager config's (the plan of a compiled config subtracts compile's saving; the
+benchmarks/results/gpu/*-plan-vs-peak records set such plans against an H100's peaks).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's titanloop, when run as a script
+
+from titanloop.train.launch import torchrun  # noqa: E402
 
 CONFIG = ROOT / "train_configs" / "debug.toml"
 SHAPE = {  # 2 layers x T = 4 at hidden 512, 4K tokens: activations, not code or parameters, make the peak
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(argv[1], argv[2], argv[3] == "true")
         exit_without_teardown(0)  # a gloo rank: its native threads can abort the teardown (SIGABRT)
     p = argparse.ArgumentParser(
-        prog="python scripts/compile_memory_probe.py",
+        prog="python benchmarks/probes/compile_memory.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -129,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan, AC {ac}: {planned / 1e6:.0f} MB ({time.perf_counter() - start:.0f} s)", flush=True)
         for compiled in (False, True):
             start, out = time.perf_counter(), a.out.with_name(a.out.stem + f".{ac}.{compiled}.tmp")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
-            cmd += [str(Path(__file__).resolve()), "--worker", str(out), ac, str(compiled).lower()]
+            cmd = torchrun(1, str(Path(__file__).resolve()), "--worker", str(out), ac, str(compiled).lower())
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
             if proc.returncode != 0:
                 print(f"error: the AC {ac} compiled={compiled} step failed: {proc.stderr.strip()[-500:]}")
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         for ac in ACS
     }
     doc = {
-        "command": "python scripts/compile_memory_probe.py " + " ".join(argv),
+        "command": "python benchmarks/probes/compile_memory.py " + " ".join(argv),
         "device": "CPU, one gloo rank",
         "torch": torch.__version__,
         "commit": git_commit(),
