@@ -13,13 +13,11 @@ Two rows, on a randomly initialized ouro-1.4b (speed does not depend on the weig
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's titanloop, when run as a script
 
-from titanloop.checks.runs import git_commit, record_path  # noqa: E402
+from titanloop.checks.runs import benchmark_parser, git_commit, out_path  # noqa: E402
 from titanloop.eval import EvalConfig, evaluate  # noqa: E402
 from titanloop.eval.generate import GenerationConfig, generate  # noqa: E402
 from titanloop.model import LoopLM, preset  # noqa: E402
@@ -98,21 +96,8 @@ def generation(model: LoopLM, size: dict, device: torch.device) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/eval_speed.py",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = benchmark_parser("python benchmarks/eval_speed.py", __doc__, "eval-speed")
     p.add_argument("--tokens", type=int, default=None, help="tokens of the sweep (default 1048576; --smoke 512)")
-    p.add_argument("--smoke", action="store_true", help="the CPU at tiny sizes (numbers meaningless)")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="result json (default: benchmarks/results/gpu/<date>-"
-        "<device>-eval-speed.json; --smoke: in the temporary directory)",
-    )
     a = p.parse_args(argv)
     if a.tokens is not None and a.tokens < 1:
         p.error(f"--tokens {a.tokens}: expected an integer >= 1")
@@ -146,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                   "in bf16, random tokens."],
         "result": {"sizes": size, "sweep": s, "generation": gen},
     }  # fmt: skip
-    a.out = a.out or (Path(tempfile.gettempdir()) / "eval-speed-smoke.json" if a.smoke else record_path(
-        "eval-speed", machine))  # fmt: skip
+    a.out = out_path(a, machine)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print("\n".join(f"{r['row']}: {r['measured']:.4g}" for r in summary) + f"\nwrote {a.out}")

@@ -498,12 +498,7 @@ def result_json(rows: list[Row], a: argparse.Namespace, meta: dict) -> dict:
 
 # ----- command line -------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/gpu_throughput.py",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = runs.benchmark_parser("python benchmarks/gpu_throughput.py", __doc__, "throughput")
     what = p.add_mutually_exclusive_group()
     what.add_argument(
         "--setting", action="append", metavar="MB:AC:PREC[:T[:ACCUM]]", help="rows instead of the default"
@@ -512,15 +507,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="profile every row 2 more steps (float8 against bf16)")
     p.add_argument("--steps", type=int, default=None, help=f"steps per row (default {STEPS}; --smoke 4)")
     p.add_argument("--warmup", type=int, default=None, help=f"first steps not measured (default {WARMUP}; --smoke 1)")
-    p.add_argument("--smoke", action="store_true", help="the CPU at tiny sizes (numbers meaningless)")
     p.add_argument("--compare-traces", nargs=2, type=Path, metavar=("BF16", "FLOAT8"), help="two kept traces, no run")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="result json (default: benchmarks/results/gpu/<date>-"
-        "<device>-throughput.json; --smoke: in the temporary directory)",
-    )
     p.add_argument("--artifacts", type=Path, default=Path("gpu_throughput_artifacts"), help="run logs and traces")
     a = p.parse_args(argv)
     try:
@@ -577,8 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "machine": f"{machine}, torch {torch.__version__}"}  # fmt: skip
     doc = result_json(rows, a, meta)
-    a.out = a.out or (Path(tempfile.gettempdir()) / "throughput-smoke.json" if a.smoke else runs.record_path(
-        "throughput", machine))  # fmt: skip
+    a.out = runs.out_path(a, machine)
     for r in doc["summary"]:
         print(f"  {r['row']}: {r['measured']}" + (f" (target {r['target']})" if r["target"] else ""))
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ Where the torchtitan run fails, titanloop's own trainer at T = 1 with the dense 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -110,22 +109,9 @@ def run_torchtitan(a, work: Path, name: str, n_layers: int) -> dict:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/looped_vs_dense.py",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = runs.benchmark_parser("python benchmarks/looped_vs_dense.py", __doc__, "looped-vs-dense")
     p.add_argument("--launches", type=int, default=2, help="launches of each run (default 2)")
     p.add_argument("--steps", type=int, default=STEPS, help=f"steps per run (default {STEPS})")
-    p.add_argument("--smoke", action="store_true", help="the CPU at tiny sizes (numbers meaningless)")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="result json (default: benchmarks/results/gpu/<date>-"
-        "<device>-looped-vs-dense.json; --smoke: in the temporary directory)",
-    )
     a = p.parse_args(argv)
     if a.launches < 1 or a.steps < 2:
         p.error(f"--launches {a.launches} --steps {a.steps}: expected at least 1 launch and 2 steps")
@@ -197,8 +183,7 @@ def main(argv=None) -> int:
                   "per-loop readouts. torchtitan's own MFU counts full-square attention."],
         "result": {"flops_per_token": flops, "ratios": ratios, "runs": rows},
     }  # fmt: skip
-    a.out = a.out or (Path(tempfile.gettempdir()) / "looped-vs-dense-smoke.json" if a.smoke else runs.record_path(
-        "looped-vs-dense", doc["machine"]))  # fmt: skip
+    a.out = runs.out_path(a, doc["machine"])
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{summary['row']}: {measured}\nwrote {a.out}")

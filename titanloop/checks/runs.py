@@ -185,3 +185,30 @@ def record_path(what: str, device: str) -> Path:
     model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", device.upper())
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return ROOT / "benchmarks" / "results" / "gpu" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}.json"
+
+
+def benchmark_parser(prog: str, doc: str, what: str):
+    """The command line every GPU benchmark shares: its help from its docstring (first paragraph, then the rest),
+    --smoke and --out (default: the dated record `what`, record_path; with --smoke a file in the temp directory)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--smoke", action="store_true", help="the CPU at tiny sizes (numbers meaningless)")
+    p.add_argument("--out", type=Path, default=None, help=f"result json (default: benchmarks/results/gpu/<date>-"
+                   f"<device>-{what}.json; --smoke: in the temporary directory)")  # fmt: skip
+    p.set_defaults(record=what)
+    return p
+
+
+def out_path(a, machine: str) -> Path:
+    """Where a benchmark parsed by benchmark_parser writes its json on `machine` (its --out, else the default)."""
+    import tempfile
+
+    if a.out is not None:
+        return a.out
+    return Path(tempfile.gettempdir()) / f"{a.record}-smoke.json" if a.smoke else record_path(a.record, machine)
