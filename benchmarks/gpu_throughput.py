@@ -196,18 +196,12 @@ _ELEMENTWISE = re.compile(
 
 
 def kernel_category(name: str, cat: str = "kernel") -> str:
-    """gemm | attention | elementwise | nccl | memory | other, from a kernel's (or CPU operator's) name."""
-    if cat in ("gpu_memcpy", "gpu_memset") or _MEMORY.search(name):
+    """gemm | attention | elementwise | nccl | memory | other, from a kernel's (or CPU operator's) name; the first
+    rule that matches wins (an attention kernel built of GEMM pieces is attention)."""
+    if cat in ("gpu_memcpy", "gpu_memset"):
         return "memory"
-    if _NCCL.search(name):
-        return "nccl"
-    if _ATTENTION.search(name):
-        return "attention"
-    if _GEMM.search(name):
-        return "gemm"
-    if _ELEMENTWISE.search(name):
-        return "elementwise"
-    return "other"
+    rules = (("memory", _MEMORY), ("nccl", _NCCL), ("attention", _ATTENTION), ("gemm", _GEMM))
+    return next((c for c, rx in (*rules, ("elementwise", _ELEMENTWISE)) if rx.search(name)), "other")
 
 
 def _outermost(events: list[dict]) -> list[dict]:
@@ -276,17 +270,11 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
         by_cat[c] += d
     total = sum(by_cat.values())
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-    return {
-        "source": source,
-        "events": len(device),
-        "span_ms": span / 1e3,
-        "busy_ms": busy / 1e3,
-        "shares": {**{c: v / span for c, v in by_cat.items()}, "idle": 1 - busy / span},
-        "top": [
-            {"name": n, "category": c, "calls": k, "total_ms": d / 1e3, "share_of_kernel_time": d / total}
-            for n, (k, d, c) in ranked
-        ],
-    }
+    top = [{"name": n, "category": c, "calls": k, "total_ms": d / 1e3, "share_of_kernel_time": d / total}
+           for n, (k, d, c) in ranked]  # fmt: skip
+    shares = {**{c: v / span for c, v in by_cat.items()}, "idle": 1 - busy / span}
+    return {"source": source, "events": len(device), "span_ms": span / 1e3, "busy_ms": busy / 1e3, "shares": shares,
+            "top": top}  # fmt: skip
 
 
 def kernel_stem(name: str) -> str:
@@ -324,17 +312,11 @@ def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_ST
 
     grown = sorted(stems, key=lambda n: t("bf16", n)[1] - t("float8", n)[1])[:top]
     growth = [
-        {
-            "kernel": n,
-            "category": t("float8", n)[2] or t("bf16", n)[2],
-            "bf16_ms": t("bf16", n)[1] / per,
-            "float8_ms": t("float8", n)[1] / per,
-            "delta_ms": (t("float8", n)[1] - t("bf16", n)[1]) / per,
-            "float8_calls_per_step": t("float8", n)[0] / steps,
-        }
-        for n in grown
-        if t("float8", n)[1] > t("bf16", n)[1]
-    ]
+        {"kernel": n, "category": t("float8", n)[2] or t("bf16", n)[2], "bf16_ms": t("bf16", n)[1] / per,
+         "float8_ms": t("float8", n)[1] / per, "delta_ms": (t("float8", n)[1] - t("bf16", n)[1]) / per,
+         "float8_calls_per_step": t("float8", n)[0] / steps}
+        for n in grown if t("float8", n)[1] > t("bf16", n)[1]
+    ]  # fmt: skip
     b, f = ms["bf16"], ms["float8"]
     d_gemm = f["gemm"] - b["gemm"]
     d_kernels = sum(f[c] - b[c] for c in CATEGORIES if c != "gemm")
@@ -352,15 +334,10 @@ def float8_vs_bf16(bf16_trace: dict, float8_trace: dict, steps: int = PROFILE_ST
         f"{new_other:.1f} ms are kernels the bf16 trace has not got (casts, scales, transposes: "
         f"{sum(1 for v in only.values() if v[2] != 'gemm')} kinds)."
     )
-    return {
-        "steps": steps,
-        "source": sums["float8"]["source"],
-        "ms_per_step": rows,  # [category | idle | timeline, bf16, float8, float8 - bf16]
-        "float8_only_ms": {"gemm": new_gemm, "other": new_other},
-        "float8_only_kernels": len(only),
-        "growth": growth,
-        "explanation": explanation,
-    }
+    return {"steps": steps, "source": sums["float8"]["source"],
+            "ms_per_step": rows,  # [category | idle | timeline, bf16, float8, float8 - bf16]
+            "float8_only_ms": {"gemm": new_gemm, "other": new_other}, "float8_only_kernels": len(only),
+            "growth": growth, "explanation": explanation}  # fmt: skip
 
 
 def read_trace(path: Path) -> dict:
@@ -386,18 +363,9 @@ def float8_tables(label: str, cmp: dict) -> list[dict]:
     growth = {
         "title": f"Kernels whose time grew most from bf16 to {label} (ms per step)",
         "columns": ["kernel", "category", "bf16 ms", "float8 ms", "float8 - bf16 ms", "float8 calls/step"],
-        "rows": [
-            [
-                g["kernel"][:90],
-                g["category"],
-                round(g["bf16_ms"], 2),
-                round(g["float8_ms"], 2),
-                round(g["delta_ms"], 2),
-                g["float8_calls_per_step"],
-            ]
-            for g in cmp["growth"]
-        ],
-    }
+        "rows": [[g["kernel"][:90], g["category"], *(round(g[k], 2) for k in ("bf16_ms", "float8_ms", "delta_ms")),
+                  g["float8_calls_per_step"]] for g in cmp["growth"]],
+    }  # fmt: skip
     return [by_category, growth]
 
 

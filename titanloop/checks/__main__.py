@@ -108,26 +108,24 @@ class Checks:
     def left(self) -> float | None:
         return None if self.a.time_limit is None else self.a.time_limit - (time.monotonic() - self.start)
 
-    def out_of_time(self, label: str | None = None) -> bool:
-        """Whether --time-limit has passed; with `label`, an n/a row saying so is added and remembered."""
-        left = self.left()
-        if left is None or left > 0:
+    def out_of_time(self, label: str) -> bool:
+        """Whether --time-limit has passed; if so `label` is an n/a row, remembered as not run."""
+        if self.left() is None or self.left() > 0:
             return False
-        if label is not None:
-            self.meta["not_run"].append(label)
-            self.add(Check(label, None, "not run: --time-limit reached"))
+        self.meta["not_run"].append(label)
+        self.add(Check(label, None, "not run: --time-limit reached"))
         return True
 
     def add(self, *new: Check) -> None:
+        """Print the new rows and rewrite --out: a check stopped from outside still leaves what it finished."""
         for c in new:
             self.checks.append(c)
             print(format_table([c]).splitlines()[-1], flush=True)
         self.meta["seconds"] = round(time.monotonic() - self.start, 1)
-        runs_path = self.a.out
-        runs_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = runs_path.with_suffix(".tmp")
+        self.a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.a.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result_json(self.checks, self.runs, self.plans, self.meta), indent=1) + "\n")
-        os.replace(tmp, runs_path)
+        os.replace(tmp, self.a.out)
 
 
 # ----- shapes, run arguments and plans ------------------------------------------------------------------------
