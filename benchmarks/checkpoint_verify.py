@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import fmt_spread, machine, regen_command, spread  # noqa: E402
 from benchmarks.report import measured_commit  # noqa: E402
+from titanloop.train.launch import torchrun  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,19 +104,7 @@ def main(argv=None) -> int:
             out = Path(tmp) / "times.json"
             env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
             subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--standalone",
-                    f"--nproc_per_node={world}",
-                    __file__,
-                    "--worker",
-                    str(args.hidden),
-                    str(args.layers),
-                    str(out),
-                    str(args.repeats),
-                ],
+                torchrun(world, __file__, "--worker", str(args.hidden), str(args.layers), str(out), str(args.repeats)),
                 env=env,
                 check=True,
             )

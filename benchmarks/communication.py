@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, regen_command, write_report  # noqa: E402
 from titanloop.model.config import preset  # noqa: E402
+from titanloop.train.launch import torchrun  # noqa: E402
 
 # table label of each layout
 LABELS = {
@@ -54,12 +55,8 @@ LAYOUTS = [
 
 def run_layout(name: str, nproc: int, overrides: list[str], steps: int, workdir: Path) -> dict:
     run_dir = workdir / name.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
+    cmd = torchrun(
+        nproc,
         "-m",
         "titanloop.train",
         "--config",
@@ -81,7 +78,7 @@ def run_layout(name: str, nproc: int, overrides: list[str], steps: int, workdir:
         "--training.micro_batch_size",
         "8",
         *overrides,
-    ]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:

@@ -372,7 +372,7 @@ def locality(
             "Used bytes = rows x (seq_len + 1) tokens x the set's shard bytes per token (records with metadata); "
             "fetched = every byte range and index range a rank reads. Below 1.0 means the MDS header and the "
             "metadata of partly read documents were skipped.",
-            "Before lanes (whole shards fetched, 4-shard cache, shuffle_block 256), issue 13 measured ~29x at 1-8 "
+            "Before lanes (whole shards fetched, 4-shard cache, shuffle_block 256), the loader read ~29x at 1-8 "
             "ranks, ~36x at 128 and ~50x at 1024 on a 432-shard MDS set of ~400 KB shards (not rerun here).",
             "At 1 rank the consecutive rows of one rank belong to different lanes (far apart); at 1024 ranks one "
             "rank is about one lane, whose consecutive rows lie within one block (shuffle_block x seq_len tokens).",

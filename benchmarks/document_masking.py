@@ -49,7 +49,7 @@ from titanloop.objectives.objective import loop_objective  # noqa: E402
 from titanloop.train.config import load_config  # noqa: E402
 
 CONFIG = ROOT / "train_configs" / "demo.toml"
-TARGET = 1.2  # issue 26: the masked step costs <= 1.2x the unmasked one
+TARGET = 1.2  # the masked step costs <= 1.2x the unmasked one
 
 
 def demo_batches(cfg, n: int) -> list[dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import regen_command  # noqa: E402
 from benchmarks.report import measured_commit  # noqa: E402
+from titanloop.train.launch import torchrun  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
@@ -42,12 +43,8 @@ RUNS = {
 
 
 def run(nproc: int, run_dir: Path, extra: list[str], steps: int = STEPS) -> dict[int, dict]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
+    cmd = torchrun(
+        nproc,
         "-m",
         "titanloop.train",
         "--config",
@@ -59,7 +56,7 @@ def run(nproc: int, run_dir: Path, extra: list[str], steps: int = STEPS) -> dict
         "--training.run_dir",
         str(run_dir),
         *extra,
-    ]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=900)
     return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}

@@ -51,14 +51,17 @@ or "= x" (an optional trailing "x" or "%" is ignored), `met` must equal that com
 contradicts its own numbers is refused. Numbers are rendered as written in the json (floats with up to 4
 significant digits unless stored as strings).
 
-A result that needs hardware this machine lacks (`PENDING`: gpu_check.json, written by scripts/gpu_check.sh on a
-CUDA machine; gpu_throughput.json, written by benchmarks/gpu_throughput.py on one GPU) is rendered as a "not yet
-run" section until its json is committed; nothing is made up for it.
+GPU results are dated records, `benchmarks/results/gpu/<date>-<device>-<what>.json` (rendered as `gpu/<name>`),
+each written on a GPU by its command (`python -m titanloop.checks`, `benchmarks/gpu_throughput.py`,
+`benchmarks/looped_vs_dense.py`, `benchmarks/eval_speed.py`) with the device, torch version and commit it was
+measured with. Its "kind" field (gpu_check, gpu_throughput, ...) names the code it measures in MEASURES; a newer
+measurement is a new record beside the older ones, which stay as what was measured then.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import operator
 import os
@@ -91,28 +94,31 @@ regenerates this file.
 Every ratio compares titanloop with a baseline measured in the same run on the same machine. Timed candidates
 alternate within each round, after warm-up; figures that depend on machine load are min / median / max over
 the rounds, and "met" is judged on the median. Absolute times on the shared CPU VM are
-noise. No GPU was available, so GPU figures are FLOP-model estimates and are labelled as such.
+noise. GPU figures come from the dated GPU records (`benchmarks/results/gpu/`), each naming its device and the torch
+that measured it; the GPU records so far were measured with torch 2.11, while the project pins torch 2.14.1.
 """
 
 _REQUIRED = {"title": str, "command": str, "date": str, "machine": str}
 
 # Results allowed to be stale, each with why it was not re-measured (printed by every --check). Keep it short.
+_UNCHANGED_FIGURES = (
+    "since it was measured the trainer changed only in the MFU's peak (now the device's), its startup line, the "
+    "memory plan's GPU memory and --fit-ac, the lm-eval adapter's refusal of --device cuda without a GPU, and the "
+    "one torchrun command builder (the same command line); what this result measures reads none of them"
+)
 KNOWN_STALE: dict[str, str] = {
-    "gpu_check": "its full run is 6326f59's, on the H100; the session of 2026-11-28 ran its rows again at 474e7ab in "
-    "three subsets (gpu_sessions/2026-11-28: single-GPU checks, kernel choice, learning (PASS), preemption (FAIL: "
-    "torch 2.11's stager, fixed in 2087731), T = 8 bf16 and tensorwise with their memory plans (PASS)), whose "
-    "jsons stay there; the T = 4 training rows, rowwise at T = 8 and the preemption row wait for the next GPU session",
-    "gpu_eval": "its full run is fdb31ea's, on the H100 (8 PASS, 1 FAIL, 1 SKIP); its FAIL row (head_stats_syncs) "
-    "passed at 474e7ab under the current counter (gpu_sessions/2026-11-28/call1_gpu_eval.json, --rows "
-    "head_stats_syncs); the other rows' code changed only in --rows, the counter and the async checkpoint stager "
-    "(3fc5b36, 2087731), none of which they use (their training runs save with checkpoint.mode = sync)",
-    "gpu_throughput": "measured on the H100 at 474e7ab; after it train_configs/ouro_1p4b.toml's AC became selective, "
-    "so the json's 'shipped setting' rows are of per-loop AC and its selective row is the new shipped setting's (its "
-    "default and smoke matrices now start from that setting); "
-    "the checkpointer's stager fix (2087731) is not run by it (checkpoint.enable false); since 71725ed it also "
-    "profiles the first row's float8 twins and sets their traces against the bf16 one, and since "
-    "--compare-launches came in it launches the looped-vs-dense pair twice and judges the median ratio (neither "
-    "yet run on a GPU)",
+    # a name, or a pattern (fnmatch) of record names
+    "gpu/*": "a dated GPU record: what its commit measured on its device and torch (2.11), kept as measured; a new "
+    "run of its command adds a new record",
+    **dict.fromkeys(
+        ["communication", "document_masking", "memory_plan", "checkpoint_verify", "network_per_step", "engine_parity"],
+        _UNCHANGED_FIGURES,
+    ),
+    **dict.fromkeys(
+        ["data_loader", "data_locality"],
+        "since it was measured only a note of benchmarks/data_loader.py changed its wording (no issue number); the "
+        "code measured is the same",
+    ),
 }
 
 # The code each result measures (repository paths; a folder covers everything under it), by result file stem.
@@ -125,11 +131,13 @@ _DEMO_ONLY = [":(exclude)train_configs/demo.toml", ":(exclude)titanloop/data/syn
 # The eval CLI's own module runs only under `python -m titanloop.eval`, which no benchmark calls (the trainer's
 # validation uses titanloop.eval's library modules, which stay measured).
 _EVAL_CLI = [":(exclude)titanloop/eval/__main__.py"]
+# The acceptance check (python -m titanloop.checks) runs the trainer; nothing the trainer runs imports it.
+_CHECKS = [":(exclude)titanloop/checks/"]
 # The memory plan's module runs only in the dry run's --memory-plan (titanloop.train.dry_run calls plan_memory; no
 # trainer code calls into it), so results that launch the trainer do not measure it; the three that plan or call
 # its measure_step measure _TRAINER_AND_PLAN.
 _PLAN = "titanloop/train/memory_plan.py"
-_TRAINER_AND_PLAN = ["titanloop/", "train_configs/", *_DEMO_ONLY, *_EVAL_CLI]
+_TRAINER_AND_PLAN = ["titanloop/", "train_configs/", *_DEMO_ONLY, *_EVAL_CLI, *_CHECKS]
 _TRAINER = [*_TRAINER_AND_PLAN, f":(exclude){_PLAN}"]  # benchmarks that launch the trainer
 MEASURES: dict[str, list[str]] = {
     "activation_checkpointing": [
@@ -150,6 +158,7 @@ MEASURES: dict[str, list[str]] = {
         "titanloop/",
         "train_configs/",
         *_EVAL_CLI,
+        *_CHECKS,
         f":(exclude){_PLAN}",
     ],
     "engine_parity": ["benchmarks/engine_parity.py", *_TRAINER],
@@ -158,15 +167,18 @@ MEASURES: dict[str, list[str]] = {
     "memory_plan": ["benchmarks/memory_plan.py", "slurm/", *_TRAINER_AND_PLAN],
     "network_per_step": ["benchmarks/network_per_step.py", "slurm/", *_TRAINER_AND_PLAN],
     "scaling_on_paper": ["benchmarks/scaling_on_paper.py", "benchmarks/common.py", "titanloop/model/config.py"],
-    "gpu_check": ["scripts/gpu_check.py", "scripts/gpu_check.sh", *_TRAINER_AND_PLAN],
-    "gpu_eval": ["scripts/gpu_eval_check.py", *_TRAINER],
-    # the benchmark, its torchtitan harness, gpu_check's training-run helpers it launches with, and the trainer
-    "gpu_throughput": [
-        "benchmarks/gpu_throughput.py",
+    # the kinds of the dated GPU records (benchmarks/results/gpu/): the command that wrote each and the trainer
+    "gpu_check": ["titanloop/checks/", "scripts/gpu_check.sh", "titanloop/", "train_configs/", *_DEMO_ONLY],
+    "gpu_eval": ["titanloop/", "train_configs/", *_DEMO_ONLY],
+    "gpu_throughput": ["benchmarks/gpu_throughput.py", "titanloop/", "train_configs/", *_DEMO_ONLY],
+    "looped_vs_dense": [
+        "benchmarks/looped_vs_dense.py",
         "benchmarks/torchtitan_dense.py",
-        "scripts/gpu_check.py",
-        *_TRAINER,
+        "titanloop/",
+        "train_configs/",
     ],
+    "eval_speed": ["benchmarks/eval_speed.py", *_MODEL, "titanloop/eval/"],
+    "plan_vs_peak": [_PLAN, "titanloop/train/dry_run.py"],
 }
 _STALE_LINE = re.compile(r"^Measured at commit .*$", re.M)
 
@@ -174,7 +186,7 @@ _STALE_LINE = re.compile(r"^Measured at commit .*$", re.M)
 def staleness(name: str, data: dict, repo: Path = ROOT, measures: dict | None = None) -> tuple[bool, str]:
     """(stale, one-line reason) of result `name`: the fingerprint of the code it measures at its recorded commit
     against the working tree of `repo` (benchmarks.fingerprint: moves, comments and formatting do not count)."""
-    paths = (MEASURES if measures is None else measures).get(name)
+    paths = (MEASURES if measures is None else measures).get(data.get("kind", name))
     commit = data.get("commit")
     if not paths:
         return True, f"no code paths listed for {name!r} in benchmarks/report.py MEASURES"
@@ -210,59 +222,6 @@ def _shallow(repo: Path) -> bool:
 
 _TARGET = re.compile(r"^\s*(<=|>=|<|>|=)\s*([-+0-9.eE]+)\s*[x%]?\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "=": operator.eq}
-
-
-# Sections rendered before their json exists, because the json needs hardware this machine lacks; a committed
-# json replaces the placeholder.
-PENDING = {
-    "gpu_eval": {
-        "title": "GPU evaluation and generation",
-        "order": 6,
-        "command": "python scripts/gpu_eval_check.py --out benchmarks/results/gpu_eval.json",
-        "date": "not yet run",
-        "machine": "needs a CUDA machine",
-        "pending": True,
-        "summary": [{"row": "gpu_eval_check", "measured": "not yet run on a GPU", "target": None, "met": None}],
-        "notes": [
-            "Not yet run on a GPU. The eval CLI's device and dtype, validation equal to eval in bf16, KV-cache "
-            "generation equal to a full forward, the HF export's greedy tokens, loading straight to the device, and "
-            "the 1.4B depth sweep over >= 1M tokens and generation speed (issue 36)."
-        ],
-    },
-    "gpu_check": {
-        "title": "GPU check: the fast path on CUDA",
-        "order": 5,
-        "command": "bash scripts/gpu_check.sh",
-        "date": "not yet run",
-        "machine": "needs a CUDA machine (1-8 GPUs)",
-        "pending": True,
-        "summary": [{"row": "gpu_check", "measured": "not yet run on a GPU", "target": None, "met": None}],
-        "notes": [
-            "Not yet run on a GPU. `bash scripts/gpu_check.sh` on a CUDA machine writes "
-            "`benchmarks/results/gpu_check.json` (every check's PASS/FAIL with its numbers; tokens/s/GPU, MFU "
-            "and peak memory vs plan at T = 4 and T = 8, bf16 and float8; device, torch version, commit) and "
-            "this section shows it. What to expect meanwhile: docs/scaling.md (expectations, not measurements)."
-        ],
-    },
-    "gpu_throughput": {
-        "title": "GPU throughput: Ouro-1.4B matrix, profile, looped vs dense",
-        "order": 6,
-        "command": "python benchmarks/gpu_throughput.py --artifacts $OUT",
-        "date": "not yet run",
-        "machine": "needs one CUDA GPU (an H100: one call of at most 8 minutes, wheels included)",
-        "pending": True,
-        "summary": [{"row": "gpu_throughput", "measured": "not yet run on a GPU", "target": None, "met": None}],
-        "notes": [
-            "Not yet run on a GPU. `python benchmarks/gpu_throughput.py` on one H100 writes "
-            "`benchmarks/results/gpu_throughput.json`: tokens/s/GPU, MFU and peak memory of the Ouro-1.4B shape "
-            "(T = 4, 4K tokens, FSDP2, compile, document masking) over sequences per step x activation-checkpoint "
-            "policy x float8 recipe, then T = 8 for the fastest setting; a profile of the shipped setting (kernel time "
-            "by category); titanloop looped (6 layers x T = 4) vs torchtitan's own dense trainer at equal FLOPs per "
-            "token. Targets: MFU >= 0.40 (bf16, T = 4, shipped setting), float8 / bf16 >= 1.15, looped / dense >= "
-            "1.0. `--plan` prints the plan and its time estimate; `--smoke` runs it all on CPU at tiny sizes."
-        ],
-    },
-}
 
 
 class ResultError(ValueError):
@@ -319,13 +278,14 @@ def validate(path: Path, data) -> dict:
 
 def load_results(results_dir: Path = RESULTS) -> list[tuple[str, dict]]:
     out = []
-    for path in sorted(results_dir.glob("*.json")):
+    for path in [*sorted(results_dir.glob("*.json")), *sorted((results_dir / "gpu").glob("*.json"))]:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ResultError(f"benchmark result {path.name}: not valid JSON ({e})") from None
-        out.append((path.stem, validate(path, data)))
-    out += [(name, dict(d)) for name, d in PENDING.items() if name not in {n for n, _ in out}]
+        out.append(
+            (path.stem if path.parent == results_dir else f"{path.parent.name}/{path.stem}", validate(path, data))
+        )
     return sorted(out, key=lambda nd: (nd[1].get("order", 100), nd[0]))
 
 
@@ -359,6 +319,16 @@ def measured_commit(name: str, repo: Path = ROOT) -> str | None:
     return head or None
 
 
+def anchor(name: str) -> str:
+    """The section's link target in BENCHMARKS.md (a dated record's "gpu/" becomes "gpu-")."""
+    return name.replace("/", "-")
+
+
+def known_stale(name: str) -> str | None:
+    """Why result `name` is allowed to be stale (KNOWN_STALE, by name or pattern), or None."""
+    return next((why for key, why in KNOWN_STALE.items() if fnmatch.fnmatchcase(name, key)), None)
+
+
 def _head(repo: Path = ROOT) -> str:
     proc = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=repo, capture_output=True, text=True)
     return proc.stdout.strip() or "unknown"
@@ -367,29 +337,28 @@ def _head(repo: Path = ROOT) -> str:
 def render(results: list[tuple[str, dict]], repo: Path = ROOT, measures: dict | None = None) -> str:
     lines = [HEADER, "## Summary", ""]
     summary = [
-        [f"{r['row']} ([{name}](#{name}))", r["measured"], r.get("target") or "", r.get("met")]
+        [f"{r['row']} ([{name}](#{anchor(name)}))", r["measured"], r.get("target") or "", r.get("met")]
         for name, d in results
         for r in d.get("summary", [])
     ]
     lines += _table(["row", "measured", "target", "met"], summary) + [""]
     for name, d in results:
         lines += [
-            f'<a id="{name}"></a>',
+            f'<a id="{anchor(name)}"></a>',
             "",
             f"## {d['title']}",
             "",
             f"`{d['command']}` · {d['date']} · {d['machine']}"
-            + ("" if d.get("pending") else f" · [`benchmarks/results/{name}.json`](benchmarks/results/{name}.json)"),
+            + f" · [`benchmarks/results/{name}.json`](benchmarks/results/{name}.json)",
             "",
         ]
-        if not d.get("pending"):
-            stale, why = staleness(name, d, repo, measures)
-            commit = d.get("commit")
-            lines += [
-                f"Measured at commit {commit[:10] if commit else 'unknown'}; stale when generated (at "
-                f"{_head(repo)}): {'yes' if stale else 'no'} ({why}).",
-                "",
-            ]
+        stale, why = staleness(name, d, repo, measures)
+        commit = d.get("commit")
+        lines += [
+            f"Measured at commit {commit[:10] if commit else 'unknown'}; stale when generated (at "
+            f"{_head(repo)}): {'yes' if stale else 'no'} ({why}).",
+            "",
+        ]
         for t in d.get("tables", []):
             lines += _titled_table(t)
         for note in d.get("notes", []):
@@ -399,7 +368,7 @@ def render(results: list[tuple[str, dict]], repo: Path = ROOT, measures: dict | 
 
 # A generated block in a doc: the opening line names a result and what of it to show ("summary", or a table by the
 # start of its title), ";"-separated; everything up to the closing line is rewritten from the json.
-_BLOCK_OPEN = re.compile(r"^<!-- benchmarks\.report (?P<name>[\w-]+): (?P<parts>.+?) -->$")
+_BLOCK_OPEN = re.compile(r"^<!-- benchmarks\.report (?P<name>[\w/-]+): (?P<parts>.+?) -->$")
 _BLOCK_CLOSE = "<!-- /benchmarks.report -->"
 
 
@@ -409,10 +378,6 @@ def _doc_block(doc: Path, line_no: int, name: str, parts: str, results: dict, re
         raise ResultError(f"{where}: no result {name}.json for its generated block (known: {', '.join(results)})")
     d = results[name]
     rel = os.path.relpath(results_dir / f"{name}.json", doc.parent)
-    if d.get("pending"):
-        return [
-            f"`{name}` has not run yet ({d['machine']}); `python -m benchmarks.report` fills this in from its json."
-        ]
     lines = [
         f"Generated by `python -m benchmarks.report` from [`benchmarks/results/{name}.json`]({rel}) "
         f"({d['machine']}; commit {(d.get('commit') or 'unknown')[:10]}, {d['date']}). Do not edit: edits are "
@@ -492,16 +457,10 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.check:
-        stale = [
-            (name, why)
-            for name, d in results
-            if not d.get("pending")
-            for is_stale, why in [staleness(name, d)]
-            if is_stale
-        ]
-        failing = [(name, why) for name, why in stale if name not in KNOWN_STALE]
+        stale = [(name, why) for name, d in results for is_stale, why in [staleness(name, d)] if is_stale]
+        failing = [(name, why) for name, why in stale if known_stale(name) is None]
         for name, why in stale:
-            known = f"; known: {KNOWN_STALE[name]}" if name in KNOWN_STALE else ""
+            known = f"; known: {known_stale(name)}" if known_stale(name) else ""
             print(f"stale: {name}.json ({why}{known})")
         print(
             f"{len(stale)} of {len(results)} result(s) stale, {len(stale) - len(failing)} of them on KNOWN_STALE"

@@ -20,9 +20,10 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from titanloop.train.launch import torchrun  # the one torchrun builder (tests/launch.py starts runs with it too)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_SCHEMA = "titanloop.experiments/v1"
@@ -49,20 +50,6 @@ def override_args(overrides: dict) -> list[str]:
     for key, value in overrides.items():
         args += [f"--{key}", toml_literal(value)]
     return args
-
-
-def torchrun(nproc: int, *args: str, rendezvous: list[str] | None = None) -> list[str]:
-    """`python -m torch.distributed.run --standalone --nproc_per_node=nproc ARGS` (ARGS: `-m module ...` or a script
-    and its arguments), with this interpreter. `rendezvous` replaces --standalone with other torchrun options, e.g.
-    ["--nnodes=2", "--node_rank=0", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400"]."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *(["--standalone"] if rendezvous is None else rendezvous),
-        f"--nproc_per_node={nproc}",
-        *args,
-    ]
 
 
 def train(

@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# The fast-path acceptance check on a CUDA machine (scripts/gpu_check.py): a PASS/FAIL table and
-# benchmarks/results/gpu_check.json; exit 0 only if every check passes. Without CUDA: one line, exit 1.
+# The acceptance check of a GPU node (`python -m titanloop.checks`): a PASS/FAIL table and a json (--out).
 #
-#   bash scripts/gpu_check.sh [gpu_check options]            # the project's .venv, as demo.sh and test.sh use
-#   bash scripts/gpu_check.sh --python /usr/bin/python3 ...  # an existing interpreter with torch (e.g. a GPU
-#   PYTHON=/usr/bin/python3 bash scripts/gpu_check.sh ...    #   machine's own torch, no network): nothing installed
+#   bash scripts/gpu_check.sh [options of python -m titanloop.checks]       # the project's .venv, set up if needed
+#   bash scripts/gpu_check.sh --python /usr/bin/python3 [options]          # an interpreter that already has torch,
+#   PYTHON=/usr/bin/python3 bash scripts/gpu_check.sh [options]            #   torchtitan and torchao: nothing installed
 #
 # With the .venv (TITANLOOP_VENV overrides its location) it runs scripts/setup.sh first and, on a CUDA machine,
-# tries the GPU extra (flash-attn) once per venv; flash-attn is optional, and without a prebuilt wheel for this
-# torch/CUDA its source build is given up after TITANLOOP_FLASH_ATTN_TIMEOUT seconds (default 300).
-# `--no-gpu-extras` skips that. Other options go to `python scripts/gpu_check.py`. `--help` prints this header and,
-# where an interpreter with torch is already at hand (--python, or an existing .venv), gpu_check.py's options; it
-# installs nothing.
+# tries the optional GPU extra (flash-attn) once per venv, giving up after TITANLOOP_FLASH_ATTN_TIMEOUT seconds
+# (default 300) where no prebuilt wheel fits this torch; `--no-gpu-extras` skips that. `--help` prints this header
+# and the check's own help, and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -33,9 +30,9 @@ if [ "$HELP" = 1 ]; then  # before setup: nothing is installed
   [ -n "$PY" ] || PY="${TITANLOOP_VENV:-.venv}/bin/python"
   echo
   if "$PY" -c 'import torch' >/dev/null 2>&1; then
-    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" scripts/gpu_check.py --help
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m titanloop.checks --help
   fi
-  echo "gpu_check.py's options: no interpreter with torch here yet; after setup, .venv/bin/python scripts/gpu_check.py --help"
+  echo "no interpreter with torch here yet: after setup, .venv/bin/python -m titanloop.checks --help"
   exit 0
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" WANDB_MODE="${WANDB_MODE:-offline}"
@@ -45,8 +42,6 @@ if [ -n "$PY" ]; then
          "--python/PYTHON to use the project's .venv" >&2
     exit 2
   fi
-  # this checkout's titanloop, whatever the interpreter has installed
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
   bash scripts/setup.sh
   VENV="${TITANLOOP_VENV:-.venv}"
@@ -66,4 +61,5 @@ else
     touch "$tried"
   fi
 fi
-exec "$PY" scripts/gpu_check.py "${ARGS[@]}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's titanloop, whatever the interpreter has
+exec "$PY" -m titanloop.checks "${ARGS[@]}"

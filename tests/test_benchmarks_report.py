@@ -171,7 +171,9 @@ def test_every_committed_result_is_fresh_or_known_stale():
     measures fails CI unless it is on KNOWN_STALE (with its reason, printed)."""
     from benchmarks.report import KNOWN_STALE, MEASURES, RESULTS
 
-    assert {p.stem for p in RESULTS.glob("*.json")} <= set(MEASURES) and set(KNOWN_STALE) <= set(MEASURES)
+    assert {p.stem for p in RESULTS.glob("*.json")} <= set(MEASURES)
+    assert {json.loads(p.read_text())["kind"] for p in (RESULTS / "gpu").glob("*.json")} <= set(MEASURES)
+    assert {k for k in KNOWN_STALE if "*" not in k} <= set(MEASURES)
     proc = _report("--check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     print(proc.stdout)
@@ -249,7 +251,7 @@ def test_other_results_never_rewrite_the_real_docs(tmp_path):
     """With --results elsewhere and no --docs, docs/ is neither read nor written (a test's results would
     otherwise replace the real tables)."""
     before = (ROOT / "docs" / "scaling.md").read_text()
-    assert "from [`benchmarks/results/gpu_throughput.json`]" in before  # the real block, not a pending one
+    assert "from [`benchmarks/results/gpu/2026-11-28-h100-throughput.json`]" in before  # the real block
     res = _write(tmp_path)
     assert _report("--results", str(res), "--out", str(tmp_path / "B.md")).returncode == 0
     assert (ROOT / "docs" / "scaling.md").read_text() == before

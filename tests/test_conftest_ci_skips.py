@@ -2,6 +2,7 @@
 (exit 1), an allow-listed one does not; every skip is listed at the end with its reason, in CI or not."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,23 @@ def test_gpu_only_skip_is_allowed_and_listed_under_ci(tmp_path):
     proc = run_pytest(tmp_path, "needs a CUDA GPU: flash attention", "true")
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "allowed in CI (GPU-only)" in proc.stdout and "needs a CUDA GPU: flash attention" in proc.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA: the GPU tests would run")
+def test_the_gpu_tests_skip_as_ci_allows_without_a_gpu(tmp_path):
+    """tests/test_gpu.py (marker gpu) under CI=true on a machine without CUDA: every GPU test skips with an allowed
+    reason and the run passes; the same file with another skip reason fails the run."""
+    source = (HERE / "test_gpu.py").read_text()
+    env = {**{k: v for k, v in os.environ.items() if k != "CI"}, "CI": "true", "PYTHONPATH": str(HERE.parent)}
+    for reason, code in (("needs a CUDA GPU:", 0), ("no GPU here:", 1)):
+        command = sample_session(
+            tmp_path, {"test_gpu.py": source.replace('reason="needs a CUDA GPU:', f'reason="{reason}')}
+        )
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == code, (reason, proc.stdout[-2000:])
+        tag = "allowed in CI (GPU-only): " if code == 0 else "FAILS THE RUN (CI=true): "
+        skipped = int(re.search(r"(\d+) skipped", proc.stdout)[1])
+        assert proc.stdout.count(tag) == skipped and skipped >= 10, proc.stdout[-2000:]  # every GPU test
 
 
 @pytest.mark.parametrize("runner", [["-p", "no:xdist"], ["-n", "2", "--dist", "loadfile"]], ids=["serial", "xdist"])

@@ -32,16 +32,32 @@ from titanloop.interchange import export_ouro_hf
 from titanloop.model import LoopLM, preset
 from titanloop.objectives import IGNORE_INDEX
 
-from helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 STAT_FIELDS = ("ce", "correct", "margin", "ash_delta", "hidden_delta", "gate_logits", "row", "state_rms")
 
 
-# ----- the statistics as computed before issue 36 (every chunk copied into CPU tensors): the reference ---------
-# old_head_stats is scripts/gpu_eval_check.py's, which runs the same comparison on the GPU: one copy of the old code
-_gec = load_script(REPO / "scripts" / "gpu_eval_check.py", "gpu_eval_check_script")
-old_head_stats = _gec.old_head_stats
+# ----- the statistics as computed before (every chunk copied into CPU tensors): the reference ------------------
+def old_head_stats(readouts, weight, targets, chunk_size):
+    """The eval's LM-head statistics as they were: every (chunk, loop) result copied into CPU tensors."""
+    t_total, n, _ = readouts.shape
+    ce, margin = torch.empty(t_total, n), torch.empty(t_total, n)
+    correct, ash = torch.empty(t_total, n, dtype=torch.bool), torch.full((t_total, n), math.inf)
+    for s in range(0, n, chunk_size):
+        e = min(n, s + chunk_size)
+        prev = None
+        for t in range(t_total):
+            logits = (readouts[t, s:e] @ weight.t()).float()
+            logp = torch.log_softmax(logits, dim=-1)
+            p = logp.exp()
+            ce[t, s:e] = -logp.gather(1, targets[s:e, None])[:, 0]
+            correct[t, s:e] = logits.argmax(-1) == targets[s:e]
+            top = p.topk(min(2, p.shape[-1]), dim=-1).values
+            margin[t, s:e] = top[:, 0] - (top[:, 1] if top.shape[1] > 1 else 0.0)
+            if prev is not None:
+                ash[t, s:e] = (p - prev).abs().sum(-1)
+            prev = p
+    return ce, correct, margin, ash
 
 
 @torch.no_grad()

@@ -125,7 +125,7 @@ def test_adapter_bad_input(checkpoint, tmp_path):
 
 def test_adapter_device_and_dtype(checkpoint):
     """model_args dtype (default auto) and lm_eval's device (default auto): CUDA in bfloat16 with a GPU, else the
-    CPU in float32; `cuda` on a machine without a GPU runs on the CPU; a bad dtype is a one-line error."""
+    CPU in float32; `cuda` on a machine without a GPU and a bad dtype are one-line errors."""
     path, _ = checkpoint
     weight = TitanloopLM(pretrained=str(path), tokenizer="bytes").model.embed_tokens.weight
     expected = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
@@ -133,7 +133,24 @@ def test_adapter_device_and_dtype(checkpoint):
     lm = TitanloopLM(pretrained=str(path), tokenizer="bytes", device="cpu", dtype="bfloat16")
     assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
     if not torch.cuda.is_available():
-        lm = TitanloopLM(pretrained=str(path), tokenizer="bytes", device="cuda")
-        assert lm.model.embed_tokens.weight.device.type == "cpu"
+        with pytest.raises(ConfigError, match=r"^device='cuda' is invalid here: torch.cuda.is_available\(\) is False"):
+            TitanloopLM(pretrained=str(path), tokenizer="bytes", device="cuda")
     with pytest.raises(ConfigError, match=r"^dtype='int8' is invalid: expected auto, float32, bfloat16 or float16$"):
         TitanloopLM(pretrained=str(path), tokenizer="bytes", dtype="int8")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --device cuda is valid here")
+def test_adapter_cli_refuses_cuda_without_a_gpu_in_one_line(checkpoint, tmp_path):
+    """`--device cuda` on a machine without a GPU: exit 2 and one line saying so (it used to run on the CPU)."""
+    import subprocess
+    import sys
+
+    path, _ = checkpoint
+    cmd = [sys.executable, "-m", "titanloop.eval.lm_eval_adapter", "run", "--model", "titanloop", "--model_args"]
+    cmd += [f"pretrained={path},tokenizer=bytes", "--tasks", "tiny_choice", "--include_path", str(write_task(tmp_path))]
+    proc = subprocess.run([*cmd, "--device", "cuda"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: device='cuda' is invalid here: torch.cuda.is_available() is False on this machine; expected auto or cpu"
+    ), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

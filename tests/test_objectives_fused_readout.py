@@ -215,7 +215,7 @@ def test_bad_inputs_are_one_line_naming_the_field():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_readout_check_runs_on_cpu(dtype, tol):
-    """The call gpu_check can make on CUDA; here its logic at a tiny shape on CPU (timings are not judged)."""
+    """The call the GPU check makes on CUDA; here its logic at a tiny shape on CPU (timings are not judged)."""
     from titanloop.checks.numerics import fused_readout_comparison as check_fused_readout
 
     res = check_fused_readout("cpu", dtype, loops=3, batch=2, seq_len=16, hidden=32, vocab=80, chunk_size=7, repeats=1)

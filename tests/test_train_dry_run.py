@@ -169,3 +169,77 @@ def test_memory_plan_command_line_shows_progress_and_refuses_what_does_not_fit()
     small = _dry_run_cli("train_configs/debug.toml", *args, "--gpu-mem-gb", "1")
     assert small.returncode == 2 and small.stderr.splitlines()[-1].startswith("error: "), small.stderr
     assert "dry run ok" not in small.stdout
+
+
+# ----- the GPU memory a plan is judged against, and --fit-ac ----------------------------------------------------
+def test_the_plan_reads_the_gpu_memory_of_this_machine(monkeypatch):
+    """No CUDA device: 80 GB (an H100, what the stage configs target); a device: its own total memory; an explicit
+    --gpu-mem-gb wins over both. The dry run's plan is judged against it and says where it came from."""
+    import torch
+
+    from titanloop.train import memory_plan as mp
+
+    assert mp.gpu_memory_gb(None) == (80.0, "no GPU here: the default, an H100's 80 GB; --gpu-mem-gb sets another")
+    props = type("Props", (), {"name": "NVIDIA H200", "total_memory": 150_754_820_096})()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    assert mp.local_gpu() == ("NVIDIA H200", 150.754820096)
+    assert mp.gpu_memory_gb(None) == (150.754820096, "NVIDIA H200, this machine's GPU")
+    assert mp.gpu_memory_gb(141.0) == (141.0, "--gpu-mem-gb")
+    monkeypatch.undo()  # the dry run itself must not believe in CUDA here; only local_gpu reports a device
+    monkeypatch.setattr(mp, "local_gpu", lambda: ("NVIDIA H200", 150.754820096))
+    plan = dry_run(load_config(REPO / "train_configs/debug.toml", [], world_size=2), 2, memory_plan=True).memory_plan
+    assert plan.gpu_mem_gb == 150.754820096 and "fits in 151 GB per GPU" in plan.verdict
+    assert "note: GPU memory 150.8 GB (NVIDIA H200, this machine's GPU)" in plan.text()
+
+
+def test_fit_ac_names_the_least_recomputation_that_fits(monkeypatch):
+    """--fit-ac against plans made one by one: no AC where it fits, else selective AC, else per-loop AC keeping the
+    most loops that fit; at most ceil(log2(T + 2)) + 1 plans for each answer. (The search's dry runs are the real
+    plans, each made once here and then looked up by setting.)"""
+    from titanloop.train import dry_run as dr
+
+    config = str(REPO / "train_configs/debug.toml")
+    base = ["--parallelism.activation_checkpoint", "loop"]
+    selective = ["--parallelism.activation_checkpoint", "selective", "--parallelism.ac_kept_loops", "0"]
+    settings = [dr._kept(k, 4) for k in range(5)] + [selective]
+    made = {}
+    for s in settings:
+        cfg = load_config(config, [*base, *s], world_size=2)
+        made[(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)] = dry_run(cfg, 2, memory_plan=True)
+    peak = {tuple(s): made[(s[1], int(s[3]))].memory_plan.peak / 1e9 for s in settings}
+    kept = [peak[tuple(dr._kept(k, 4))] for k in range(5)]
+    assert kept == sorted(kept) and len(set(kept)) == 5, kept  # every kept loop holds more: bisection's premise
+
+    def planned(cfg, world_size, memory_plan, gpu_mem_gb):
+        report = made[(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)]
+        report.memory_plan.gpu_mem_gb = gpu_mem_gb
+        return report
+
+    monkeypatch.setattr(dr, "dry_run", planned)
+    limits = sorted({*kept, peak[tuple(selective)]})
+    for limit in [kept[0] / 2, *((a + b) / 2 for a, b in zip(limits, limits[1:])), kept[4] * 2]:
+        fits = [s for s in settings if peak[tuple(s)] <= limit]
+        want = next((s for s in (settings[4], selective) if s in fits), max(fits[:4], default=None, key=settings.index))
+        got, plans = dr.fit_activation_checkpointing(config, base, 2, gpu_mem_gb=4 + limit, progress=lambda x: None)
+        assert got == want, (limit, got, want)
+        assert len(plans) <= (4 + 2 - 1).bit_length() + 1 and all(p["fits"] == (p["peak_gb"] <= limit) for p in plans)
+    # a margin of the planned peak kept free turns a just-fitting plan away
+    just = 4 + kept[4] * 1.001
+    assert dr.fit_activation_checkpointing(config, base, 2, gpu_mem_gb=just, progress=print)[0] == settings[4]
+    assert dr.fit_activation_checkpointing(config, base, 2, gpu_mem_gb=just, margin=0.01)[0] != settings[4]
+
+
+def test_fit_ac_command_line_and_its_bad_input():
+    ok = _dry_run_cli("train_configs/debug.toml", "--world-size", "2", "--fit-ac", "--gpu-mem-gb", "1000")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert ok.stdout.splitlines()[-1] == (
+        "least recomputation that fits: --parallelism.activation_checkpoint none --parallelism.ac_kept_loops 0"
+    )
+    nothing = _dry_run_cli("train_configs/debug.toml", "--world-size", "2", "--fit-ac", "--gpu-mem-gb", "1")
+    assert nothing.returncode == 2 and nothing.stderr.count("\n") == 1, nothing.stderr
+    assert nothing.stderr.startswith("error: not even per-loop AC without kept loops fits 1.0 GB per GPU")
+    bad = _dry_run_cli("train_configs/debug.toml", "--world-size", "2", "--fit-ac", "--fit-margin", "1.5")
+    assert bad.returncode == 2 and bad.stderr == (
+        "error: --fit-margin=1.5 is invalid: expected a fraction of the planned peak in [0, 1), e.g. 0.1\n"
+    )

@@ -1,8 +1,9 @@
 """CPU probe: which of the loop-separating model settings lets the later loops of the learning task beat loop 1?
 
-gpu_check's learning row (ouro-1.4b, Ouro's default model settings) ends with loops 2-4 at a fixed point above loop 1
-on the H100 (gpu_sessions/2026-11-27-session3). The same task at debug-small on CPU shows the same pattern, and the
-README demo's four separating settings together remove it (cpu_probe_loop_separation.json there). This probe runs
+The GPU check's learning run (ouro-1.4b, Ouro's default model settings) ended with loops 2-4 at a fixed point above
+loop 1 on an H100 (benchmarks/results/gpu/2026-11-27-h100-check-learning-dense.json). The same task at debug-small on
+CPU shows the same pattern, and the README demo's four separating settings together remove it
+(loop_separation_ouro_defaults.json beside this file). This probe runs
 each variant below through `torchrun -m titanloop.train` (one process, the learning row's task at debug-small) and
 records the per-loop CE by quarter of the run, the hidden RMS and p(t) at the end.
 
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's benchmarks package, when run as a script
 
 from benchmarks.report import measured_commit  # noqa: E402
+from titanloop.train.launch import torchrun  # noqa: E402
 
 # the learning row's task (motifs from 64 ids) at debug-small, as in the session-3 CPU probe
 BASE = [
@@ -40,8 +42,7 @@ BASE = [
     "--checkpoint.enable", "false",
 ]  # fmt: skip
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "titanloop.train"]
-TORCHRUN += ["--config", "train_configs/debug.toml"]
+TORCHRUN = torchrun(1, "-m", "titanloop.train", "--config", "train_configs/debug.toml")[1:]  # (without the python)
 
 SEPARATING = {
     "readout_raw": ["--model.readout", "raw"],

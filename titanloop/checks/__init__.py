@@ -1,2 +1,3 @@
-"""Acceptance checks that are part of the library: the numerical checks of the fast path (titanloop.checks.numerics),
-which scripts/gpu_check.py runs on CUDA and tests/ on CPU."""
+"""The acceptance check of a GPU node (`python -m titanloop.checks`, its --help lists every row): the numerical
+checks of the fast path (numerics), the verdicts on what its runs measured (verdicts), and how its trainer runs are
+launched and read back (runs, which the GPU benchmarks use too)."""

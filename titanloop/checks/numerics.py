@@ -1,5 +1,5 @@
 """The numerical checks of the fast path, importable and device-agnostic: each returns a `Check` (name, PASS/FAIL,
-one-line detail, the numbers its verdict came from). scripts/gpu_check.py runs them on CUDA; tests/ runs them on
+one-line detail, the numbers its verdict came from). `python -m titanloop.checks` runs them on CUDA; tests/ runs them on
 CPU, together with the broken variants each one must catch. Tolerances and their derivation: docs/scaling.md,
 "GPU check".
 
@@ -171,7 +171,7 @@ def bf16_logits_check(
     seed: int = 0,
 ) -> Check:
     """Train a LoopLM for `steps` steps in fp32 on the previous-token task (`train_fp32`), then
-    `bf16_logits_verdict`. The defaults are the configuration whose margins tests/test_scripts_gpu_check.py measures
+    `bf16_logits_verdict`. The defaults are the configuration whose margins tests/test_checks_numerics.py measures
     on CPU (2 layers; with 4 layers, debug-small, the bf16 / weights-only ratio was 2.6 instead of 1.7: it grows
     with depth, so BF16_SITES is not claimed for deeper models)."""
     cfg = preset(preset_name, vocab_size=vocab_size)

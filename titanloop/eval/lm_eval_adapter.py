@@ -14,7 +14,7 @@ exit_policy static|q_exit, q (Q-exit threshold in [0, 1]), tokenizer (a tokenize
 <pretrained>/tokenizer.json; or `bytes` for UTF-8 bytes as token ids), bos_token_id (the token that
 conditions an empty context and the first rolling window; default the tokenizer's, else 0), max_length,
 dtype (auto: bfloat16 on CUDA, float32 on the CPU; or float32, bfloat16, float16). lm_eval's --device picks the
-device (default auto: CUDA when torch.cuda.is_available(), else the CPU; `cuda` without a GPU also means the CPU).
+device (default auto: CUDA when torch.cuda.is_available(), else the CPU; `cuda` without a GPU is a one-line error).
 Scoring is teacher-forced: every position is decoded from its own exit loop (static: loop T; q_exit: the first
 loop whose exit CDF reaches q, as in Ouro's Hugging Face code). Generation uses titanloop.eval.generate.
 """
@@ -94,9 +94,7 @@ class TitanloopLM(LM):
     ):
         # _lm_eval_extras: options lm_eval passes to every model class (e.g. max_batch_size), unused here
         super().__init__()
-        if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
-            device = "auto"  # a `--device cuda` without a GPU runs on the CPU (lm_eval's examples all say cuda)
-        self.model = load_model(pretrained, device=device, dtype=dtype or "auto")
+        self.model = load_model(pretrained, device=device or "auto", dtype=dtype or "auto")  # cuda without a GPU: error
         cfg = self.model.cfg
         self.n_loops = int(n_loops) if n_loops is not None else cfg.n_loops
         require(self.n_loops >= 1, "n_loops", n_loops, "an integer >= 1")
@@ -189,7 +187,11 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ConfigError as e:  # bad model_args or --device: one line, not lm_eval's traceback
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ def _add_head_grad_bf16(grad_w: torch.Tensor, d_logits_lp: torch.Tensor, hidden:
     place (torch's `out_dtype`, CUDA only); False where that does not apply, and the caller forms it in fp32.
 
     On one H100 the fp32 form of this product ran as a SIMT GEMM at 52 TFLOP/s and took 15% of the 1.4B
-    training step (issue 35's profile). d_logits_lp is the chunk's logit gradient already rounded to bf16 for
-    the readout gradient (d_logits @ W), so both gradients see the same rounding, as in a bf16 LM head."""
+    training step (its profile). d_logits_lp is the chunk's logit gradient already rounded to bf16 for the readout
+    gradient (d_logits @ W), so both gradients see the same rounding, as in a bf16 LM head."""
     if not (hidden.is_cuda and hidden.dtype == d_logits_lp.dtype == torch.bfloat16 and _BF16_HEAD_GRAD[0]):
         return False
     try:

@@ -3,8 +3,8 @@
 The config and the mesh are validated before any process group exists: bad input is a one-line
 `error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3;
 a preempted run exits 75 after saving (titanloop.checkpoint.preemption).
-`--dry-run --world-size N [--memory-plan]` starts the run at N ranks in one process on torchtitan's fake
-backend and prints the plan instead of training (titanloop.train.dry_run).
+`--dry-run --world-size N [--memory-plan | --fit-ac]` starts the run at N ranks in one process on torchtitan's
+fake backend and prints the plan instead of training (titanloop.train.dry_run).
 """
 
 from __future__ import annotations
@@ -38,14 +38,30 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--world-size", type=int, help="ranks of the dry run (e.g. nodes x 8)")
     parser.add_argument("--memory-plan", action="store_true", help="dry run: also print the per-GPU memory plan")
-    parser.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory plan: GPU memory (default 80)")
+    parser.add_argument(
+        "--gpu-mem-gb",
+        type=float,
+        default=None,
+        help="memory plan: GB per GPU (default: this machine's GPU, without one 80, an H100)",
+    )
+    parser.add_argument(
+        "--fit-ac",
+        action="store_true",
+        help="dry run: plan several activation-checkpointing settings and name the least recomputation that fits",
+    )
+    parser.add_argument(
+        "--fit-margin",
+        type=float,
+        default=0.0,
+        help="--fit-ac: also keep this fraction of the planned peak free (e.g. 0.1; default 0)",
+    )
     return parser.parse_known_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     config_path = args.config
-    if args.dry_run or args.world_size is not None or args.memory_plan:
+    if args.dry_run or args.world_size is not None or args.memory_plan or args.fit_ac:
         if config_path is None or not args.dry_run or not args.world_size or args.world_size < 1:
             print(
                 "error: a dry run needs --config C --dry-run --world-size N (N >= 1, e.g. nodes x 8)", file=sys.stderr
@@ -53,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from titanloop.train.dry_run import main as dry_run_main  # (CLI: a bad command line answers in ~0.1 s)
 
-        return dry_run_main(config_path, overrides, args.world_size, args.memory_plan, args.gpu_mem_gb)
+        return dry_run_main(
+            config_path, overrides, args.world_size, args.memory_plan, args.gpu_mem_gb, args.fit_ac, args.fit_margin
+        )
     try:
         if config_path is None:
             raise ConfigError("no config given: pass --config train_configs/<name>.toml (see --help)")
@@ -131,12 +149,14 @@ def print_summary(run) -> None:
 
 def speed_settings(run) -> str:
     """One line with what decides the speed: precision (float8: what was converted and how weights are
-    all-gathered), activation checkpointing, sequences per step and the optimizer's implementation."""
+    all-gathered), activation checkpointing, sequences per step and the optimizer's implementation; and the
+    peak its MFU is quoted against (titanloop.train.mfu)."""
     # (CLI: these load with the trainer, after the config check)
     import torch
 
     from titanloop.parallel.activation_checkpoint import describe as describe_ac
     from titanloop.parallel.float8 import float8_summary
+    from titanloop.train.mfu import device_name, peak_flops, peak_text
 
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
     ac = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
@@ -145,6 +165,7 @@ def speed_settings(run) -> str:
     if mesh.device_type != "cuda" and f8 != "off":
         precision += ", emulated on CPU"
     implementation = cfg.optimizer.resolved_implementation(mesh.device_type, mesh.dims.tp)
+    name = device_name(mesh.device_type)
     if cfg.parallelism.engine == "deepspeed":
         implementation = "foreach (DeepSpeed)"
     return (
@@ -153,6 +174,7 @@ def speed_settings(run) -> str:
         f"micro-batch, {run.dataloader.grad_accum_at(0)} micro-batch(es) per step | compile {cfg.parallelism.compile} "
         f"| optimizer {cfg.optimizer.name} {implementation}"
         + (f" | {torch.get_num_threads()} CPU thread(s)" if mesh.device_type == "cpu" else "")
+        + f" | {peak_text(name, peak_flops(name))}"
     )
 
 

@@ -29,7 +29,8 @@ from torchtitan.tools.utils import GarbageCollection
 from titanloop.checkpoint import EXIT_CODE_PREEMPTED, PreemptionMonitor
 from titanloop.model.config import attended_keys_per_token
 from titanloop.parallel.compile import compiled_graphs
-from titanloop.train.metrics import H100_BF16_PEAK_FLOPS, MetricsLogger
+from titanloop.train.metrics import MetricsLogger
+from titanloop.train.mfu import device_name, mfu, peak_flops
 from titanloop.train.step_timer import breakdown_scalars, straggler_warning
 
 EXIT_CODE_NONFINITE = 3
@@ -155,6 +156,7 @@ class Metrics(Callback):
             cfg.metrics, cfg.training.run_dir, run.mesh.rank, cfg.to_dict(), trained_loops=cfg.looplm.n_loops
         )
         self.window = [0, 0.0, 0.0]  # tokens, seconds and model FLOPs of the steps since the last logged one
+        self.peak = peak_flops(device_name(run.mesh.device_type))  # None: MFU n/a (titanloop.train.mfu)
 
     def post_step(self, run, result: StepResult) -> None:
         cfg, mesh = run.cfg, run.mesh
@@ -172,7 +174,6 @@ class Metrics(Callback):
         (tokens, seconds, flops), self.window = self.window, [0, 0.0, 0.0]
         per_loop = dict(result.per_loop)
         flops /= seconds
-        peak = H100_BF16_PEAK_FLOPS * mesh.world_size
         scalars = {
             "loss": result.loss,
             "n_loops": result.n_loops,
@@ -182,7 +183,7 @@ class Metrics(Callback):
             "tokens_per_s": tokens / seconds,
             "tflops": flops / 1e12,
             "skipped_steps": run.state.skipped_steps,
-            "mfu": flops / peak if mesh.device_type == "cuda" else None,
+            "mfu": mfu(flops, self.peak, mesh.world_size),
             "attended_keys": attended_keys_per_token(seq_len, doc_lengths),
         }
         if "jsrr" in per_loop:

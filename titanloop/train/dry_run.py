@@ -1,4 +1,4 @@
-"""`python -m titanloop.train --config C --dry-run --world-size N [--memory-plan] [--gpu-mem-gb 80]`
+"""`python -m titanloop.train --config C --dry-run --world-size N [--memory-plan | --fit-ac] [--gpu-mem-gb G]`
 
 Starts a training run at its real world size in one process, without GPUs: torchtitan's
 `comm.mode = "fake_backend"` gives a fake process group in which this process plays rank 0 of N (collectives
@@ -7,6 +7,12 @@ at world size N, ParallelDims and the device mesh, the model built on the meta d
 FSDP2 + TP + AC + compile as configured (bf16 parameters, as on GPU), the optimizer, the LR / loop-count /
 batch schedules over the stage's whole length, the checkpoint plan and the data plan. Nothing is allocated
 (meta tensors), no file is written. Exit 0 with a summary, or 2 with a one-line reason.
+
+`--memory-plan` adds the per-GPU memory plan (titanloop.train.memory_plan), judged against this machine's GPU
+memory where it has a CUDA device, else against --gpu-mem-gb (default 80, the H100 the stage configs target).
+`--fit-ac` plans the config at several activation-checkpointing settings and names the least recomputation whose
+plan fits (`fit_activation_checkpointing`), as torchtitan's memory estimator plans a configuration on fake tensors
+to find what fits before a job is launched.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titanloop.checkpoint import CheckpointConfig, layout
-from titanloop.config_errors import cli_errors, require
+from titanloop.config_errors import ConfigError, cli_errors, require
 from titanloop.data.loader import micro_batches_per_rank
 from titanloop.data.shards import is_remote
 from titanloop.objectives import LoopSampler
@@ -35,7 +41,7 @@ from titanloop.recipe import stages
 from titanloop.train.config import TrainConfig, load_config, validate_layout
 from titanloop.train.engines.config import mesh_degrees
 from titanloop.train.engines import build_lr_schedulers, build_optimizer, parallelize
-from titanloop.train.memory_plan import plan_memory
+from titanloop.train.memory_plan import GB, gpu_memory_gb, plan_memory
 from titanloop.train.startup import build_model, default_comm, init_mesh, param_dtype
 from titanloop.train.validation import batch_size, held_out_batches
 
@@ -256,11 +262,12 @@ def dry_run(
     world_size: int,
     *,
     memory_plan: bool = False,
-    gpu_mem_gb: float = 80.0,
+    gpu_mem_gb: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DryRunReport:
     """Everything a real start at `world_size` does, on a fake process group and meta tensors. `progress` gets the
-    memory plan's progress lines (the CLI prints them to stderr; the report itself is returned whole)."""
+    memory plan's progress lines (the CLI prints them to stderr; the report itself is returned whole). The plan is
+    judged against `gpu_mem_gb`, by default this machine's GPU or 80 GB (memory_plan.gpu_memory_gb)."""
     validate_layout(cfg, world_size)
     dp, tp = mesh_degrees(cfg.parallelism, world_size)
     report = DryRunReport()
@@ -302,7 +309,9 @@ def dry_run(
         _data_plan(cfg, dp, report)
         _validation_plan(cfg, dp, report)
         if memory_plan:
-            report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_mem_gb, progress=progress)
+            gpu_gb, source = gpu_memory_gb(gpu_mem_gb)
+            report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_gb, progress=progress)
+            report.memory_plan.notes.append(f"GPU memory {gpu_gb:.1f} GB ({source})")
             if cfg.validation.enable:
                 report.memory_plan.notes.append(
                     validation_memory_note(cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize)
@@ -311,9 +320,84 @@ def dry_run(
     return report
 
 
+def _kept(k: int, n_loops: int) -> list[str]:
+    """The overrides that keep the first k of n_loops loops unrecomputed (k = n_loops: no activation checkpointing)."""
+    mode = "none" if k >= n_loops else "loop"
+    return ["--parallelism.activation_checkpoint", mode, "--parallelism.ac_kept_loops", str(0 if k >= n_loops else k)]
+
+
+def largest_fitting(n_loops: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest k in 0..n_loops with fits(k), by bisection (fits holds up to some k, then not: every kept loop
+    holds one more loop's activations); None when fits(0) does not hold."""
+    lo, hi = -1, n_loops + 1  # fits(lo) holds (or lo = -1), fits(hi) does not (or hi = n_loops + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo if lo >= 0 else None
+
+
+def fit_activation_checkpointing(
+    config_path: str,
+    overrides: list[str],
+    world_size: int,
+    *,
+    gpu_mem_gb: float,
+    margin: float = 0.0,
+    progress: Callable[[str], None] = print,
+) -> tuple[list[str] | None, list[dict]]:
+    """The least recomputation whose memory plan fits `gpu_mem_gb` with the plan's reserve and `margin` x its peak
+    kept free: no AC (every loop kept), else selective AC (saves the matmul and attention outputs: recomputes no
+    matmul), else per-loop AC keeping the most loops that fit (`parallelism.ac_kept_loops`, by bisection: ceil(log2(T
+    + 2)) plans). Returns the overrides chosen (None: nothing fits) and every plan made ({overrides, peak_gb, fits})."""
+    n_loops = load_config(config_path, overrides, world_size=world_size).loop_sampler.bounds()[1]
+    plans: list[dict] = []
+
+    def fits(extra: list[str]) -> bool:
+        cfg = load_config(config_path, [*overrides, *extra], world_size=world_size)
+        plan = dry_run(cfg, world_size, memory_plan=True, gpu_mem_gb=gpu_mem_gb).memory_plan
+        need = plan.peak * (1 + margin) / GB + plan.reserve_gb
+        plans.append({"overrides": extra, "peak_gb": plan.peak / GB, "fits": need <= gpu_mem_gb})
+        what = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)
+        progress(f"  AC {what}: peak {plan.peak / GB:.2f} GB, {need:.2f} GB with reserve and margin: " + (
+            "fits" if plans[-1]["fits"] else "does NOT fit"))  # fmt: skip
+        return plans[-1]["fits"]
+
+    best = largest_fitting(n_loops, lambda k: fits(_kept(k, n_loops)))
+    if best == n_loops:
+        return _kept(best, n_loops), plans
+    selective = ["--parallelism.activation_checkpoint", "selective", "--parallelism.ac_kept_loops", "0"]
+    if fits(selective):
+        return selective, plans
+    return (None if best is None else _kept(best, n_loops)), plans
+
+
 @cli_errors
-def main(config_path: str, overrides: list[str], world_size: int, memory_plan: bool, gpu_mem_gb: float) -> int:
+def main(
+    config_path: str,
+    overrides: list[str],
+    world_size: int,
+    memory_plan: bool,
+    gpu_mem_gb: float | None,
+    fit_ac: bool = False,
+    fit_margin: float = 0.0,
+) -> int:
     cfg = load_config(config_path, overrides, world_size=world_size)
+    if fit_ac:
+        require(0 <= fit_margin < 1, "--fit-margin", fit_margin, "a fraction of the planned peak in [0, 1), e.g. 0.1")
+        gpu_gb, source = gpu_memory_gb(gpu_mem_gb)
+        print(f"{config_path} at world size {world_size}: the least recomputation that fits {gpu_gb:.1f} GB per GPU "
+              f"({source}), margin {fit_margin:g}", flush=True)  # fmt: skip
+        choice, _ = fit_activation_checkpointing(
+            config_path, overrides, world_size, gpu_mem_gb=gpu_gb, margin=fit_margin,
+            progress=lambda line: print(line, flush=True),
+        )  # fmt: skip
+        if choice is None:
+            raise ConfigError(
+                f"not even per-loop AC without kept loops fits {gpu_gb:.1f} GB per GPU at world size {world_size}: "
+                "fewer sequences per micro-batch (training.micro_batch_size) or more GPUs"
+            )
+        print(f"least recomputation that fits: {' '.join(choice)}")
+        return 0
     report = dry_run(
         cfg,
         world_size,

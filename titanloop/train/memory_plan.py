@@ -42,6 +42,7 @@ from titanloop.train.loop import accumulate_gradients, max_norm
 from titanloop.train.startup import TrainState, build_model, param_dtype
 
 GB = 1e9
+DEFAULT_GPU_MEM_GB = 80.0  # the H100 80 GB the stage configs are sized for, where no CUDA device says otherwise
 # tracker category -> the plan's row
 _ROWS = {
     "Sharded Param": "parameters (sharded)",
@@ -95,6 +96,25 @@ class MemoryPlan:
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append(f"  {self.verdict}")
         return "\n".join(lines)
+
+
+def local_gpu() -> tuple[str, float] | None:
+    """(name, total memory in GB) of this machine's first CUDA device; None without one."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.name, props.total_memory / GB
+
+
+def gpu_memory_gb(requested: float | None = None) -> tuple[float, str]:
+    """The memory per GPU a plan is judged against, and where it came from: `requested` (--gpu-mem-gb) when given,
+    else this machine's CUDA device (its total memory), else DEFAULT_GPU_MEM_GB."""
+    if requested is not None:
+        return requested, "--gpu-mem-gb"
+    gpu = local_gpu()
+    if gpu is not None:
+        return gpu[1], f"{gpu[0]}, this machine's GPU"
+    return DEFAULT_GPU_MEM_GB, "no GPU here: the default, an H100's 80 GB; --gpu-mem-gb sets another"
 
 
 def _fake_run(cfg: TrainConfig, mesh, engine):
@@ -320,7 +340,7 @@ def plan_memory(
 # The fake-tensor step above runs eagerly (Dynamo does not trace under the tracker), so the plan subtracts what a
 # compiled decoder layer saves less than an eager one, measured on one real layer. On one H100 (6326f59, ouro-1.4b,
 # T = 4, one 4K sequence) the eager plan was within 0.1% of an eager run's peak, and the plan less this saving within
-# 0.4% of both compiled bf16 runs' (per-loop AC and none); benchmarks/results/gpu_check.json.
+# 0.4% of both compiled bf16 runs' (per-loop AC and none); benchmarks/results/gpu/*-plan-vs-peak.json.
 COMPILE_PROBE_SEQ = (256, 512)  # two short sequences: the slope between them is the per-token cost
 _PER_TOKEN: dict[tuple, tuple[float, float]] = {}  # (shape, dtype, float8 recipe) -> layer_saved_bytes_per_token
 

@@ -10,8 +10,9 @@ wandb itself from its usual places (WANDB_API_KEY, ~/.netrc); titanloop never re
 the W&B config is the training config (TrainConfig.to_dict), which has no secret fields.
 
 MFU = achieved model FLOP/s / (peak FLOP/s x ranks), with FLOPs per token from
-LoopLMConfig.flops_per_token (which counts every loop). The peak is the H100 bf16 dense peak (989 TFLOP/s)
-on GPU; on CPU there is no meaningful peak, so MFU is reported as n/a and the achieved TFLOP/s is shown.
+LoopLMConfig.flops_per_token (which counts every loop) and the device's bf16 dense peak (titanloop.train.mfu,
+named on the startup line). Where no peak is known (the CPU, a device not in its table) MFU is reported as n/a
+and the achieved TFLOP/s is shown.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from pathlib import Path
 from titanloop.config_errors import require, require_choice
 from titanloop.train.step_timer import breakdown_line
 
-H100_BF16_PEAK_FLOPS = 989e12
 RUN_ID_FILE = "wandb_run_id"
 CHART_POINTS = 256  # points per series in the loss-by-loop charts (the history is subsampled evenly)
 CHART_EVERY = 100  # logged steps between two loss-by-loop charts (and at every validation)
