@@ -96,3 +96,22 @@ def test_mano_scores_every_tree_of_a_small_eval_split():
         assert len({tuple(p) for p, _ in eval_examples(task, count)}) == count
         with pytest.raises(ConfigError, match="distinct held-out"):
             eval_examples(task, count + 1)
+
+
+@pytest.mark.slow
+def test_real_text_smoke(tmp_path):
+    """experiments.real_text at 6 steps a model, one corpus: the looping table (3 models x T = 1..8 from the whole
+    held-out split) and the three directions, each with its results.json / results.md."""
+    out = tmp_path / "real_text"
+    cmd = [sys.executable, "-m", "experiments.real_text", "--smoke", "--corpora", "shakespeare_char", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    looping = json.loads((out / "looping" / "results.json").read_text())
+    assert looping["smoke"] is True and looping["reproduced"] is None and len(looping["rows"]) == 3
+    per = looping["per_corpus"]["shakespeare_char"]
+    assert set(per["heldout"]) == {"looped", "once", "dense"} and all(len(r[0]) == 8 for r in per["heldout"].values())
+    directions = json.loads((out / "directions" / "results.json").read_text())
+    assert {r["direction"] for r in directions["rows"]} == {"readout blind spot", "Ouro Q-exit", "STARS"}
+    assert len(directions["q_exit"]["points"]) == 9 and all(
+        v[0] > 0 for v in directions["blind_spot"]["final_norm"].values()
+    )

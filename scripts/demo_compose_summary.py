@@ -1,10 +1,10 @@
-"""The demo's comparison (scripts/demo.sh): read the held-out depth sweeps of the looped (T = 4) and baseline
-(T = 1) runs of every seed, print the table, write the depth curve and runs/demo/summary.json.
+"""The demo's comparison (scripts/demo_compose.sh): read the held-out depth sweeps of the looped (T = 4) and baseline
+(T = 1) runs of every seed, print the table, write the depth curve and runs/demo_compose/summary.json.
 
-    python scripts/demo_summary.py runs/demo --seeds 0,1,2
+    python scripts/demo_compose_summary.py runs/demo_compose --seeds 0,1,2
 
-Expects runs/demo/eval/{looped,baseline}_s<seed>/report.json (`python -m titanloop.eval sweep`) and the training
-logs runs/demo/{looped,baseline}_s<seed>/metrics.jsonl. summary.json is {"metric": "accuracy", "seeds": [...],
+Expects runs/demo_compose/eval/{looped,baseline}_s<seed>/report.json (`python -m titanloop.eval sweep`) and the training
+logs runs/demo_compose/{looped,baseline}_s<seed>/metrics.jsonl. summary.json is {"metric": "accuracy", "seeds": [...],
 "looped": {"T": 4, "heldout": [...]}, "baseline": {"T": 1, "heldout": [...]}} (one held-out exact-match accuracy per
 seed, each model at its trained depth); depth_curve.json holds the whole sweep (accuracy and loss at every T, per
 seed); loss_curves.json / loss_curves.png hold the per-loop training CE of every run against the step
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.common import loss_curve  # noqa: E402  (the repository root, for `python scripts/...`)
 
 VARIANTS = ("looped", "baseline")
-# `scripts/demo.sh --iso-flop`: a dense model with T x the layers run once (the same FLOPs per token as the looped one)
+# `scripts/demo_compose.sh --iso-flop`: a dense model with T x the layers run once (the looped one's FLOPs per token)
 ISO_FLOP = "isoflop"
 
 
@@ -40,7 +40,7 @@ def load_sweeps(root: Path, seeds: list[int], variants=VARIANTS) -> dict:
         for seed in seeds:
             path = root / "eval" / f"{variant}_s{seed}" / "report.json"
             if not path.is_file():
-                sys.exit(f"error: {path} is missing: run scripts/demo.sh (it trains and evaluates every seed)")
+                sys.exit(f"error: {path} is missing: run scripts/demo_compose.sh (it trains and evaluates every seed)")
             reports.append(json.loads(path.read_text())["depth_sweep"])
         loops = reports[0]["loops"]
         out[variant] = {
@@ -60,7 +60,7 @@ def load_curves(root: Path, seeds: list[int], variants=VARIANTS) -> dict:
         for seed in seeds:
             path = root / f"{variant}_s{seed}" / "metrics.jsonl"
             if not path.is_file():
-                sys.exit(f"error: {path} is missing: run scripts/demo.sh (every training run logs there)")
+                sys.exit(f"error: {path} is missing: run scripts/demo_compose.sh (every training run logs there)")
             out[variant][str(seed)] = loss_curve(path.parent)
     return out
 
@@ -117,12 +117,12 @@ def plot(path: Path, sweeps: dict) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("root", type=Path, help="the demo's run directory (runs/demo)")
+    p.add_argument("root", type=Path, help="the demo's run directory (runs/demo_compose)")
     p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument(
         "--iso-flop",
         action="store_true",
-        help="also report the iso-FLOP dense model (runs isoflop_s<seed>, trained by scripts/demo.sh --iso-flop)",
+        help="also report the iso-FLOP dense model (runs isoflop_s<seed>, from scripts/demo_compose.sh --iso-flop)",
     )
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
