@@ -179,6 +179,8 @@ MEASURES: dict[str, list[str]] = {
     ],
     "eval_speed": ["benchmarks/eval_speed.py", *_MODEL, "titanloop/eval/"],
     "plan_vs_peak": [_PLAN, "titanloop/train/dry_run.py"],
+    # nanoGPT's side runs from the user's checkout; titanloop's is the trainer, the config and the data pipeline
+    "nanogpt": ["benchmarks/nanogpt.py", "data_pipelines/", "data/", *_TRAINER],
 }
 _STALE_LINE = re.compile(r"^Measured at commit .*$", re.M)
 
