@@ -201,6 +201,52 @@ def score_titanloop(checkpoint: str, tokenizer: str, val: str) -> float:
     return heldout_loss(lambda xb: model.lm_head(model(xb, 1).readouts[-1]), x, y)
 
 
+def op_profile(args, tokenizer: str) -> dict:
+    """Where a step's CPU time goes, for both models' forward + backward at the benchmark's shape (one step's batch,
+    torch.profiler, --threads): ATen calls per step and self CPU ms in matmuls, attention and everything else."""
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from titanloop.model.init import materialize
+    from titanloop.train.config import load_config
+
+    sys.path.insert(0, str(Path(args.nanogpt).resolve()))
+    from model import GPT, GPTConfig  # nanoGPT's own model.py
+
+    torch.manual_seed(0)
+    cfg = load_config(ROOT / CONFIG, ["--data.tokenizer", tokenizer], world_size=1)
+    looplm = cfg.family.build()  # on the meta device
+    materialize(looplm, "cpu")
+    gpt = GPT(GPTConfig(block_size=BLOCK, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False))
+    ids = torch.randint(0, 65, (BATCH, BLOCK + 1))
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    steps = {
+        "titanloop": lambda: F.cross_entropy(
+            looplm.lm_head(looplm(x, 1).readouts[-1]).flatten(0, 1), y.flatten()
+        ).backward(),
+        "nanogpt": lambda: gpt(x, y)[1].backward(),
+    }
+    out = {}
+    for name, step in steps.items():
+        for _ in range(5):
+            step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(10):
+                step()
+        events = prof.key_averages()
+        ms = lambda keep: sum(e.self_cpu_time_total for e in events if keep(e.key)) / 10 / 1000  # noqa: E731
+        out[name] = {
+            "aten_calls": round(sum(e.count for e in events) / 10),
+            "matmul_ms": round(ms(lambda k: k in ("aten::mm", "aten::addmm", "aten::bmm")), 2),
+            "attention_ms": round(ms(lambda k: "scaled_dot_product" in k), 2),
+            "other_ms": round(
+                ms(lambda k: k not in ("aten::mm", "aten::addmm", "aten::bmm") and "scaled_dot" not in k), 2
+            ),
+        }
+    return out
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
@@ -235,6 +281,16 @@ def main(argv=None) -> dict:
             print(f"[nanogpt bench]   {who}: {json.dumps(row[who])}", file=sys.stderr, flush=True)
         runs.append(row)
     result = summarize(args, runs)
+    ops = op_profile(args, corpus["tokenizer"])
+    result["tables"].append(
+        {
+            "title": "Forward + backward of one step, profiled (torch.profiler, the same threads): ATen calls and self "
+            "CPU ms",
+            "columns": ["model", "ATen calls", "matmul ms", "attention ms", "other ms"],
+            "rows": [[k, v["aten_calls"], v["matmul_ms"], v["attention_ms"], v["other_ms"]] for k, v in ops.items()],
+        }
+    )
+    result["result"]["op_profile"] = ops
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         report = {
