@@ -389,10 +389,11 @@ class ShardSource:
             order, offs = self._epoch(epoch)
             i = int(np.searchsorted(offs, w * L, side="right")) - 1
             self.trace.append((k, int(self.token_offsets[order[i]] + w * L - offs[i])))
-        if part is None:
-            return self._masked_row()
-        a = w * L - lo
-        tokens, doc_ids, targets = (x[a : a + L + 1] for x in part)
+        return self._masked_row() if part is None else self._window(part, w * L - lo)
+
+    def _window(self, part, a: int) -> PackedRow:
+        """The row of L + 1 tokens at offset `a` of a stream piece (tokens, doc ids, targets) from _read_stream."""
+        tokens, doc_ids, targets = (x[a : a + self.seq_len + 1] for x in part)
         return PackedRow(tokens.astype(np.int64), doc_ids.astype(np.int64), targets)
 
     def _masked_row(self) -> PackedRow:
@@ -410,12 +411,7 @@ class ShardSource:
             last = min(first + chunk, self.windows)
             part = self._read_stream(0, first * L, last * L + 1)
             for w in range(first, last):
-                if part is None:
-                    yield self._masked_row()
-                    continue
-                a = (w - first) * L
-                tokens, doc_ids, targets = (x[a : a + L + 1] for x in part)
-                yield PackedRow(tokens.astype(np.int64), doc_ids.astype(np.int64), targets)
+                yield self._masked_row() if part is None else self._window(part, (w - first) * L)
 
     def _read_stream(self, epoch: int, lo: int, hi: int):
         """Tokens [lo, hi) of the epoch's stream as (tokens, doc ids, targets), or None if a shard is bad."""
