@@ -100,6 +100,7 @@ def resume_from_step_3(src, dst, nproc):
 def test_checkpoints_move_between_one_plain_rank_and_two_fsdp_ranks(tmp_path):
     one = train(tmp_path / "one", RUN, nproc=1)
     two = train(tmp_path / "two", RUN, nproc=2)
+    assert "(one rank, no FSDP2)" in one.out and "(fsdp2)" in two.out  # the run summary says which
     for step in range(1, 7):  # the same run on both layouts, up to the reduction order
         assert one.by_step[step]["loss"] == pytest.approx(two.by_step[step]["loss"], abs=2e-5)
     one_to_two = resume_from_step_3(tmp_path / "one", tmp_path / "one_to_two", 2)

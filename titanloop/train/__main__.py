@@ -130,7 +130,12 @@ def cpu_threads_per_process() -> int:
 def print_summary(run) -> None:
     cfg, mesh, t = run.cfg, run.mesh, run.cfg.training
     p = cfg.parallelism
-    engine = "fsdp2" if p.engine == "fsdp2" else f"deepspeed ZeRO-{p.zero_stage} offload {p.zero_offload}"
+    from torch.distributed.fsdp import FSDPModule
+
+    if p.engine == "fsdp2":  # one fp32 rank trains the plain module (titanloop.parallel.parallelize.needs_fsdp)
+        engine = "fsdp2" if isinstance(run.engine.model, FSDPModule) else "one rank, no FSDP2"
+    else:
+        engine = f"deepspeed ZeRO-{p.zero_stage} offload {p.zero_offload}"
     if mesh.rank == 0:
         family = cfg.family
         what = family.describe()
