@@ -273,7 +273,7 @@ def main(argv=None) -> int:
             args.out / "looping",
             name=f"{NAME}_looping",
             title="Looping on real text: one layer x T = 4 vs the same layer once vs 4 layers once",
-            paper="ouro (Fig. 6, B.2) and RECIPE: a looped k x T model approaches the iso-FLOP dense model",
+            paper="ouro (Fig. 6, appendix B.2): a looped k x T model approaches the dense model of the same FLOPs",
             columns=["corpus", "model"] + [f"T={t}" for t in LOOPS],
             rows=rows,
             verdict=" ".join(verdicts)
