@@ -2,7 +2,7 @@
 of the scripts, benchmarks, library, configs and Slurm scripts carry no machine lent for a while, no call budgets,
 no sessions of work, no issue numbers, no paths of the machine they were written on, and no names of the tools that
 served remote calls. `git grep` over the tracked files finds none; a hit fails with the file, line and what it is.
-(tests/ and experiments/ are not user-facing text and are not searched.)"""
+(tests/ is not user-facing text and is not searched.)"""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ USER_FACING = [
     "train_configs",
     "slurm",
     "pyproject.toml",
+    "experiments",
+    "data_pipelines",
+    ":(glob)data/*.md",
 ]
 PROCESS_WORDS = {  # Perl regex (git grep -P, case-insensitive) -> what it is
     r"\blent\b": "a machine lent for a while",

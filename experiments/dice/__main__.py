@@ -61,7 +61,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"[{NAME}] {row}", flush=True)
     # Pass rule (the yes clause is the one recorded on seed 0; the per-seed and partly clauses were written for the
-    # 3-seed run of issue 26, before it ran, after seeing seed 0's result):
+    # 3-seed run, before it ran, after seeing seed 0's result):
     #   yes:    at the longest test length and the most loops, dense is ahead of endpoint by >= 10 points on the
     #           mean and ahead on every seed (the paper's headline: length extrapolation).
     #   partly: not that, but dense is ahead by >= 10 points at the training length at the most loops (dense

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         row["per_seed"] = {n: per_ops[n] for n in ops_list}
         rows.append(row)
         print(f"[{NAME}] {row}", flush=True)
-    # Pass rule (written before the recorded 3-seed run, issue 26; not to be moved after seeing results):
+    # Pass rule (written before the recorded 3-seed run; not to be moved after seeing results):
     #   (the models went from 2 ⊗ 4 / 2 ⊗ 1 / 8 ⊗ 1 to 1 ⊗ 4 / 1 ⊗ 1 / 4 ⊗ 1 with the third tuning round, before the
     #   recorded run on seeds 0, 1, 2: the demo's size; every threshold below is unchanged)
     #   judged only if some model learned the task: in-distribution accuracy (held-out exact match at the model's

@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     ratio = blind / visible
     terminal = per_variant["terminal_norm"] / per_variant.get("terminal_raw", math.nan)
     # Pass rule (the yes clause is the one recorded on seed 0; the partly clause was written for the 3-seed run of
-    # issue 26, before it ran, after seeing seed 0's result):
+    # before it ran, after seeing seed 0's result):
     #   yes:    both ratios (per-loop RMSNorm over the larger of per-loop raw / penalty; terminal RMSNorm over
     #           terminal raw) >= 10x on the means: norms orders of magnitude apart, as in the paper.
     #   partly: not that, but both ratios >= 2x on the means and the per-loop RMSNorm norm is above the larger of

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         row["per_seed"] = per_seed
         rows.append(row)
     i4, last = loops.index(4), len(loops) - 1
-    # Pass rule (written before the recorded 3-seed run, issue 26; not to be moved after seeing results):
+    # Pass rule (written before the recorded 3-seed run; not to be moved after seeing results):
     #   judged only if both variants learned the task: mean held-out exact match >= 90% at T = 4 (the training T;
     #   STARS' median); otherwise "not judged" with the accuracies.
     #   yes:    on the mean, stars loses >= 5 points less than plain from T = 4 to T = 32, keeps >= 90% of its
