@@ -167,11 +167,9 @@ def plan_key(args: list[str], n_gpus: int) -> str:
 
 def planned_gib(args: list[str], n_gpus: int) -> float:
     """The dry run's memory plan of TRAIN_CONFIG + `args` at `n_gpus` ranks (fake backend): its peak in GiB."""
-    from titanloop.train.config import load_config
-    from titanloop.train.dry_run import dry_run
+    from titanloop.train.dry_run import planned_peak_bytes  # the trainer loads torch: only when a plan is made
 
-    cfg = load_config(runs.TRAIN_CONFIG, args, world_size=n_gpus)
-    return dry_run(cfg, n_gpus, memory_plan=True, gpu_mem_gb=1e6).memory_plan.peak / GIB
+    return planned_peak_bytes(runs.TRAIN_CONFIG, args, n_gpus) / GIB
 
 
 def row_plans(c: Checks) -> None:
@@ -197,7 +195,7 @@ def row_numerics(c: Checks) -> None:
     doc_ids = torch.tensor([[0] * 300 + [1] * 700 + [2] * 24, [0] * 1024])
 
     def flash() -> Check:
-        from titanloop.model.attention import flash_available
+        from titanloop.model.attention import flash_available  # loads torch: only on the GPU rows
 
         why = "not installed (optional: attention uses torch's kernels; pip install 'titanloop[gpu]')"
         return Check("flash-attn", True, "importable") if flash_available() else Check("flash-attn", None, why)
@@ -506,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
 def record_kernels_main(out: str, train_argv: list[str]) -> int:
     """`torchrun ... -m titanloop.checks --record-kernels OUT --config ...`: the trainer's own main with the kernel
     recorder installed (numerics.record_kernels); rank 0 writes the records to OUT."""
-    from titanloop.train.__main__ import main as train_main
+    from titanloop.train.__main__ import main as train_main  # the trainer: only in the recording process
 
     records: list = []
     nm.record_kernels(records)

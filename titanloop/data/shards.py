@@ -41,7 +41,7 @@ import numpy as np
 from titanloop.config_errors import ConfigError, require
 from titanloop.data.config import DataConfig, SourceConfig
 from titanloop.data.errors import ShardError
-from titanloop.data.packing import PackedRow
+from titanloop.data.packing import PackedRow, rows_to_batch
 from titanloop.data.shard_format import MANIFEST, Manifest, ShardIndex, build_index, sha1_bytes
 from titanloop.data.tokenizer import tokenizer_fingerprint
 
@@ -557,8 +557,6 @@ class ShardSource:
 def whole_set_batches(cfg: DataConfig, *, seq_len: int, vocab_size: int, batch_size: int) -> list[dict]:
     """Every window of every source of `cfg` once (ShardSource.every_window), as micro-batches of `batch_size`
     rows (the last one may be smaller): a held-out set scored whole."""
-    from titanloop.data.packing import rows_to_batch
-
     rows = [r for src in open_shard_sources(cfg, seq_len=seq_len, vocab_size=vocab_size) for r in src.every_window()]
     return [
         rows_to_batch(rows[i : i + batch_size], list(range(i, min(i + batch_size, len(rows)))))

@@ -140,7 +140,7 @@ def _sweep(args) -> None:
 def _generate(args) -> None:
     import torch  # (CLI: torch only once a subcommand runs)
 
-    from titanloop.checkpoint.loading import checkpoint_tokenizer
+    from titanloop.checkpoint.loading import checkpoint_tokenizer  # torch: only for a command that loads one
     from titanloop.data.tokenizer import find_eos_id, load_tokenizer
     from titanloop.eval import load_model  # (CLI: as torch)
     from titanloop.eval.generate import GenerationConfig, generate

@@ -67,6 +67,7 @@ def cmd_inspect(args) -> None:
 def cmd_export(args) -> None:
     tokenizer = None
     if args.checkpoint:
+        # a training checkpoint needs the trainer's loader (torch, DCP); an HF export alone does not
         from titanloop.checkpoint.loading import checkpoint_tokenizer, load_model
 
         if args.set:
@@ -81,7 +82,7 @@ def cmd_export(args) -> None:
         model = LoopLM(cfg)
         tokenizer = args.tokenizer
     if tokenizer is not None:
-        from titanloop.data.tokenizer import tokenizer_fingerprint
+        from titanloop.data.tokenizer import tokenizer_fingerprint  # tokenizers: only when one is copied
 
         tokenizer_fingerprint(tokenizer)  # a missing or broken file is refused before anything is written
     out = export_ouro_hf(

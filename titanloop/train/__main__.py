@@ -159,7 +159,7 @@ def speed_settings(run) -> str:
     # (CLI: these load with the trainer, after the config check)
     import torch
 
-    from titanloop.parallel.activation_checkpoint import describe as describe_ac
+    from titanloop.parallel.activation_checkpoint import describe as describe_ac  # (as torch)
     from titanloop.parallel.float8 import float8_summary
     from titanloop.train.mfu import device_name, peak_flops, peak_text
 

@@ -257,6 +257,13 @@ def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_si
             )
 
 
+def planned_peak_bytes(config_path: str | Path, args: list[str], world_size: int) -> int:
+    """The memory plan's peak per rank, in bytes, of `config_path` + command-line `args` at `world_size` ranks,
+    not judged against any GPU's memory."""
+    cfg = load_config(config_path, args, world_size=world_size)
+    return dry_run(cfg, world_size, memory_plan=True, gpu_mem_gb=1e6).memory_plan.peak
+
+
 def dry_run(
     cfg: TrainConfig,
     world_size: int,
