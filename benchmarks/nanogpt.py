@@ -95,13 +95,19 @@ def corpus_text() -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
+def nanogpt_stoi() -> dict[str, int]:
+    """nanoGPT's character ids (its prepare.py: the sorted characters of the whole text)."""
+    train, val = corpus_text()
+    return {c: i for i, c in enumerate(sorted(set(train + val)))}
+
+
 def prepare_nanogpt_data(work: Path) -> Path:
     """nanoGPT's data/shakespeare_char files (the format its prepare.py writes) in `work`, from the same text."""
     import numpy as np
 
     train, val = corpus_text()
-    chars = sorted(set(train + val))
-    stoi = {c: i for i, c in enumerate(chars)}
+    stoi = nanogpt_stoi()
+    chars = list(stoi)
     data = work / "data" / "shakespeare_char"
     data.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", train), ("val", val)):
@@ -183,12 +189,12 @@ def score_nanogpt(args, checkpoint: str, val: str) -> float:
     sys.path.insert(0, str(Path(args.nanogpt).resolve()))
     from model import GPT, GPTConfig  # nanoGPT's own model.py, from the user's checkout
 
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     model.eval()
-    meta = pickle.load(open(Path(args.work).resolve() / "nanogpt" / "data" / "shakespeare_char" / "meta.pkl", "rb"))
-    x, y = windows([meta["stoi"][c] for c in val])
+    stoi = nanogpt_stoi()  # the ids prepare_nanogpt_data wrote (no unpickling of its meta.pkl)
+    x, y = windows([stoi[c] for c in val])
     return heldout_loss(lambda xb: model(xb, xb)[0], x, y)  # with targets nanoGPT returns every position's logits
 
 

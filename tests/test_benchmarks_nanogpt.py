@@ -36,11 +36,13 @@ def test_windows_score_every_target_once_and_the_loss_is_the_mean_ce():
 def test_nanogpt_data_is_the_same_split_in_its_format(tmp_path):
     nanogpt.prepare_nanogpt_data(tmp_path)
     d = tmp_path / "data" / "shakespeare_char"
-    meta = pickle.loads((d / "meta.pkl").read_bytes())
     train, val = nanogpt.corpus_text()
-    assert meta["vocab_size"] == 65 and len(train) == 1003854 and len(val) == 111540
+    chars = sorted(set(train + val))
+    assert len(chars) == 65 and len(train) == 1003854 and len(val) == 111540
+    meta = {"vocab_size": 65, "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    assert (d / "meta.pkl").read_bytes() == pickle.dumps(meta)  # what nanoGPT's prepare.py writes, byte for byte
     got = np.fromfile(d / "val.bin", dtype=np.uint16)
-    assert "".join(meta["itos"][int(i)] for i in got) == val
+    assert "".join(chars[int(i)] for i in got) == val
 
 
 def test_summary_verdicts_follow_the_numbers():
