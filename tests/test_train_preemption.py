@@ -12,10 +12,12 @@ Launches (seeded: the interruption points are drawn from random.Random(SEED), pr
 - dp 2 with asynchronous saves (`checkpoint.mode = "async"`, the default on CUDA): its interval saves hold bit for
   bit what the synchronous reference saved.
 - dp 1 x tp 2: reference + a run stopped by SIGUSR1 and resumed: bitwise identical as above.
-- dp 2 -> 1: the dp-2 run's SIGUSR1 checkpoint resumed on ONE process: the same data position, and every
-  later step's loss within RESHARD_LOSS_TOL (grad norm RESHARD_GRAD_RTOL) of the 2-rank reference (only the
-  reduction order differs; a different sample order would change the loss by ~1e-3 or more, see
-  test_other_samples_change_the_loss_far_beyond_the_tolerance).
+- dp 2 -> 1: the dp-2 run's SIGUSR1 checkpoint resumed on ONE process (which trains the plain module, no
+  FSDP2): the same data position at the end; the first RESHARD_TIGHT_STEPS steps after the resume within
+  RESHARD_LOSS_TOL (grad norm RESHARD_GRAD_RTOL) of the 2-rank reference (the same weights and samples, summed
+  in another order; a different sample order changes the loss by ~1e-3 or more, see
+  test_other_samples_change_the_loss_far_beyond_the_tolerance); every later step's loss nearer the reference's
+  loss at that step than at the steps beside it (the same samples, after the last-bit differences have grown).
 - W&B: every launch has a (fake) WANDB_API_KEY in its environment; the 2 -> 1 launch runs with
   `metrics.wandb = "online"` against a closed port on 127.0.0.1 (WANDB_BASE_URL): W&B's init fails, the run
   logs offline instead and trains to the end; the key appears in no file of any run dir (checkpoints included)
@@ -35,7 +37,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from titanloop.checkpoint import layout
 from titanloop.checkpoint.safe_reader import read_dcp_metadata
@@ -46,11 +47,14 @@ from launch import Launch, free_port, start
 pytestmark = pytest.mark.slow
 SEED = 16
 STEPS = 16
-# 2 -> 1 ranks: the same samples, summed in another order. Measured (seed 16, with JSRR): loss within 1.5e-5,
-# grad norm within 1.2e-4 (relative; 3e-4 without JSRR: Adam amplifies last-bit differences over the steps);
-# consecutive steps' losses differ by >= 8.4e-4.
+# 2 -> 1 ranks: the same samples, summed in another order. FSDP2's hooks order the backward's sums differently
+# from the plain module one process trains, so the weights differ in their last bits after the first step after
+# the resume, and Adam amplifies that about 3x per step (measured from step 1, 1 plain process against 2 FSDP2
+# ranks, with JSRR: grad norm 1e-7 relative at step 2, 1e-3 at step 11, 1.7e-2 at step 15; loss 2.7e-4 at step
+# 16). Consecutive steps' losses differ by >= 8.4e-4.
 RESHARD_LOSS_TOL = 5e-5
 RESHARD_GRAD_RTOL = 1e-3
+RESHARD_TIGHT_STEPS = 3
 ARGS = {
     "training.steps": STEPS,
     "metrics.log_freq": 1,
@@ -205,17 +209,19 @@ def test_resume_2_to_1_ranks_keeps_the_sample_order(runs):
     got, want = history(resumed), history(ref)
     for step in range(1, start + 1):  # logged by the 2-rank launch before the stop
         assert got[step] == want[step]
-    for step in range(start + 1, STEPS + 1):  # one process, 2 micro-batches per step instead of 2 ranks
+    for step in range(start + 1, start + 1 + RESHARD_TIGHT_STEPS):  # one process, 2 micro-batches per step
         assert got[step][0]["loss"] == pytest.approx(want[step][0]["loss"], rel=0, abs=RESHARD_LOSS_TOL), step
         assert got[step][0]["grad_norm"] == pytest.approx(want[step][0]["grad_norm"], rel=RESHARD_GRAD_RTOL, abs=0), (
             step
         )
-    (weights, states), (ref_weights, ref_states) = final_state(resumed, STEPS), final_state(ref, STEPS)
+    ref_losses = {s: recs[0]["loss"] for s, recs in want.items()}
+    for step in range(start + 1, STEPS + 1):  # nearer its own step's samples than the neighbours' other samples
+        off = {s: abs(ref_losses[s] - got[step][0]["loss"]) for s in (step - 1, step, step + 1) if s in ref_losses}
+        assert min(off, key=off.get) == step, (step, off)
+    _, states = final_state(resumed, STEPS)
+    _, ref_states = final_state(ref, STEPS)
     assert states["dataloader"] == ref_states["dataloader"]  # the same global data position at the end
     assert states["train_state"] == ref_states["train_state"]
-    for k, v in ref_weights.items():
-        if k.startswith("model/"):
-            torch.testing.assert_close(weights[k], v, rtol=0, atol=1e-4)
 
 
 def test_other_samples_change_the_loss_far_beyond_the_tolerance(runs):
