@@ -58,14 +58,19 @@ def train(
     overrides: dict | None = None,
     nproc: int = 1,
     quiet: bool = True,
+    keep_finished: bool = False,
 ) -> Path:
     """Train `config` (a TOML path, relative to the repo root or absolute) into a fresh `run_dir`.
 
     Runs `torchrun --standalone --nproc_per_node=nproc -m titanloop.train`; checkpoints are enabled so the final
     weights land in run_dir/checkpoints. The training log goes to run_dir/train.log (and stdout unless quiet).
-    Raises RuntimeError with the log's tail when training fails.
+    Raises RuntimeError with the log's tail when training fails. keep_finished: a run dir that already holds a
+    finished run (its train_seconds, written last) is kept as it is, not trained again.
     """
     run_dir = Path(run_dir)
+    if keep_finished and (run_dir / "train_seconds").is_file():
+        print(f"kept the finished run {run_dir}", flush=True)
+        return run_dir
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -102,12 +107,12 @@ def train(
     return run_dir
 
 
-def train_many(jobs: list[tuple], parallel: int = 1, nproc: int = 1) -> list[Path]:
+def train_many(jobs: list[tuple], parallel: int = 1, nproc: int = 1, keep_finished: bool = False) -> list[Path]:
     """train(config, run_dir, overrides) for each (config, run_dir, overrides) job, `parallel` at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(lambda job: train(*job, nproc=nproc), jobs))
+        return list(pool.map(lambda job: train(*job, nproc=nproc, keep_finished=keep_finished), jobs))
 
 
 def metrics(run_dir: str | os.PathLike) -> list[dict]:
@@ -350,7 +355,7 @@ def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, 
 
 
 def parse_args(name: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags every experiment takes: --out, --smoke, --seeds, --nproc, --parallel."""
+    """The flags every experiment takes: --out, --smoke, --seeds, --nproc, --parallel, --keep-finished."""
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
     p.add_argument(
         "--out",
@@ -371,4 +376,10 @@ def parse_args(name: str, description: str, argv: list[str] | None = None) -> ar
     )
     p.add_argument("--nproc", type=int, default=1, help="processes per training run (default 1)")
     p.add_argument("--parallel", type=int, default=1, help="training runs at a time (default 1)")
+    p.add_argument(
+        "--keep-finished",
+        action="store_true",
+        help="keep the runs of --out that finished (an interrupted experiment trains only what is left); by default "
+        "every run is trained afresh",
+    )
     return p.parse_args(argv)

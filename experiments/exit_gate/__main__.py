@@ -101,7 +101,13 @@ def main(argv=None) -> int:
     steps = {"training.steps": 6} if args.smoke else {}
     curves = {r: [] for r in RULES}  # per seed: list of points
     for seed in args.seeds:
-        s1 = common.train(CONFIG, args.out / f"stage1_s{seed}", {"training.seed": seed, **steps}, nproc=args.nproc)
+        s1 = common.train(
+            CONFIG,
+            args.out / f"stage1_s{seed}",
+            {"training.seed": seed, **steps},
+            nproc=args.nproc,
+            keep_finished=args.keep_finished,
+        )
         s2 = common.train(
             CONFIG,
             args.out / f"stage2_s{seed}",

@@ -75,7 +75,9 @@ def main(argv=None) -> int:
         for name in models
         for seed in args.seeds
     ]
-    runs = iter(common.train_many(jobs, args.parallel, args.nproc))  # `--parallel 2`: two runs at a time
+    runs = iter(
+        common.train_many(jobs, args.parallel, args.nproc, args.keep_finished)
+    )  # `--parallel 2`: two runs at a time
     for name in models:
         per_ops = {n: [] for n in ops_list}
         for _seed in args.seeds:

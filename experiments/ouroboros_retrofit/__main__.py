@@ -170,6 +170,8 @@ def main(argv=None) -> int:
     )
     mine, rest = extra.parse_known_args(argv if argv is not None else sys.argv[1:])
     args = common.parse_args(NAME, __doc__.splitlines()[0], rest)
+    if args.keep_finished:
+        raise SystemExit("error: --keep-finished: this experiment times its training runs; run it without the flag")
     t0, cpu0 = time.perf_counter(), time.process_time()
     pre_steps, steps = (20, 3) if args.smoke else (1000, 200)
     hf_dir = args.out / "dense_qwen2"
