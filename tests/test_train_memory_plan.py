@@ -12,10 +12,11 @@ same step runs once before the measured one (its model freed again), so the code
 
 A broken plan must fail: the plan without one of AdamW's two moments (an fp32 copy of the sharded parameters)
 falls outside the band at every layout: the band is as narrow as that demands (one moment at world 2 is 7.8% of
-the peak), and the plans read -1.9% to -3.2% of the measured peaks, the tracker -1.2% to -2.9%. And the optimizer's memory is its two moments: the plan once counted the
-fake tensors DTensor makes to propagate metadata as allocations, so its peak became the optimizer step at 6x the
-parameters' bytes (45.9 GB planned for the 1.4B shape, 30.1 GB measured on an H100); a single micro-batch, whose
-real peak is in the backward, shows it (the old plan read +19% there)."""
+the peak), and the plans read -1.9% to -3.2% of the measured peaks, the tracker -1.2% to -2.9%. And the
+optimizer's memory is its two moments: the plan once counted the fake tensors DTensor makes to propagate metadata
+as allocations, so its peak became the optimizer step at 6x the parameters' bytes (45.9 GB planned for the 1.4B
+shape, 30.1 GB measured on an H100); a single micro-batch, whose real peak is in the backward, shows it (the old
+plan read +19% there)."""
 
 from __future__ import annotations
 
