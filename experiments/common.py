@@ -107,6 +107,11 @@ def train(
     return run_dir
 
 
+def run_options(args: argparse.Namespace) -> dict:
+    """train()'s keywords from the flags every experiment takes (parse_args): nproc and keep_finished."""
+    return {"nproc": args.nproc, "keep_finished": args.keep_finished}
+
+
 def train_many(jobs: list[tuple], parallel: int = 1, nproc: int = 1, keep_finished: bool = False) -> list[Path]:
     """train(config, run_dir, overrides) for each (config, run_dir, overrides) job, `parallel` at a time."""
     from concurrent.futures import ThreadPoolExecutor

@@ -80,6 +80,35 @@ def test_train_log_is_written_while_the_run_goes_on(tmp_path, monkeypatch):
     assert seen == ["step 0\n", "step 0\nstep 1\n"]
 
 
+def test_keep_finished_keeps_only_finished_runs(tmp_path, monkeypatch):
+    """--keep-finished: a run dir with train_seconds (written last) is kept untouched; one without it (an interrupted
+    run) and any run without the flag train afresh (the fake trainer counts the launches)."""
+    from experiments import common
+
+    launches = []
+
+    class FakeTrainer:
+        def __init__(self, *args, **kwargs):
+            launches.append(1)
+            self.stdout = iter(["step 1\n"])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(common.subprocess, "Popen", FakeTrainer)
+    finished, interrupted = tmp_path / "finished", tmp_path / "interrupted"
+    for d in (finished, interrupted):
+        d.mkdir()
+        (d / "weights").write_text("kept")
+    (finished / "train_seconds").write_text("1.0\n")
+    common.train("train_configs/debug.toml", finished, keep_finished=True)
+    assert launches == [] and (finished / "weights").is_file()
+    common.train("train_configs/debug.toml", interrupted, keep_finished=True)
+    assert launches == [1] and not (interrupted / "weights").exists()
+    common.train("train_configs/debug.toml", finished)
+    assert launches == [1, 1] and not (finished / "weights").exists()
+
+
 def test_mano_scores_every_tree_of_a_small_eval_split():
     """experiments.mano asks for min(count, n_scored(n)) distinct eval trees: n_scored is exactly how many exist
     (the held-out trees; below heldout_min_ops the trained table), so a small space is scored whole."""

@@ -40,13 +40,7 @@ def main(argv=None) -> int:
         table = tables[name] = {}  # (bits, T) -> per-seed accuracy
         for seed in args.seeds:
             extra = {"training.seed": seed, **({"training.steps": 6} if args.smoke else {})}
-            run = common.train(
-                CONFIG,
-                args.out / f"{name}_s{seed}",
-                {**overrides, **extra},
-                nproc=args.nproc,
-                keep_finished=args.keep_finished,
-            )
+            run = common.train(CONFIG, args.out / f"{name}_s{seed}", {**overrides, **extra}, **common.run_options(args))
             for n in bits:
                 data = {
                     "kind": "synthetic_task",

@@ -102,11 +102,7 @@ def main(argv=None) -> int:
     curves = {r: [] for r in RULES}  # per seed: list of points
     for seed in args.seeds:
         s1 = common.train(
-            CONFIG,
-            args.out / f"stage1_s{seed}",
-            {"training.seed": seed, **steps},
-            nproc=args.nproc,
-            keep_finished=args.keep_finished,
+            CONFIG, args.out / f"stage1_s{seed}", {"training.seed": seed, **steps}, **common.run_options(args)
         )
         s2 = common.train(
             CONFIG,
@@ -120,7 +116,7 @@ def main(argv=None) -> int:
                 "training.steps": 6 if args.smoke else 200,
                 "training.seed": seed,
             },
-            nproc=args.nproc,
+            **common.run_options(args),
         )
         cfg = EvalConfig(loops=[1], exit_loops=4, diagnostics=False, q_thresholds=Q_THRESHOLDS)
         frontiers = {}

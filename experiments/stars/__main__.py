@@ -45,13 +45,7 @@ def main(argv=None) -> int:
         per_seed = []
         for seed in args.seeds:
             extra = {"training.seed": seed, "loop_sampler.seed": seed, **({"training.steps": 6} if args.smoke else {})}
-            run = common.train(
-                CONFIG,
-                args.out / f"{name}_s{seed}",
-                {**overrides, **extra},
-                nproc=args.nproc,
-                keep_finished=args.keep_finished,
-            )
+            run = common.train(CONFIG, args.out / f"{name}_s{seed}", {**overrides, **extra}, **common.run_options(args))
             # 424 distinct held-out sums exist for this task
             points = common.heldout(run, loops=loops, n_examples=64 if args.smoke else 384)
             per_seed.append([p["sequence_accuracy"] for p in points])
