@@ -13,6 +13,9 @@ run; figures that depend on machine load are min / median / max over repeats, ju
                                                        #   valid report json (smoke test; numbers meaningless;
                                                        #   --jobs 2 runs two at a time)
 
+The nanoGPT comparison trains nanoGPT from your checkout of it: it runs when `--nanogpt DIR` names one (`git clone
+https://github.com/karpathy/nanoGPT`) and is left out, with a line saying so, when not.
+
 Measure committed code: a result records HEAD, and uncommitted changes under the paths it measures make it stale
 from the start (benchmarks/report.py MEASURES). Each benchmark's wall time is printed as it finishes.
 """
@@ -72,7 +75,9 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "engine_parity": ("engine_parity", [], ["--steps", "2"]),
     "network_per_step": ("network_per_step", [], []),
     "memory_plan": ("memory_plan", ["--direct-shapes"], ["--quick", "--stages", ""]),
+    "nanogpt": ("nanogpt", ["--runs", "3"], ["--runs", "1", "--steps", "20"]),
 }
+NEEDS_NANOGPT = {"nanogpt"}  # trained from the user's nanoGPT checkout (--nanogpt DIR)
 
 
 _PRINT = threading.Lock()  # one block at a time from the benchmarks run side by side
@@ -131,6 +136,12 @@ def main(argv=None) -> int:
         help="with --tiny: run N benchmarks side by side, each one's output printed when it ends (default 1; "
         "timed figures need the machine to themselves, so the recorded sizes always run one at a time)",
     )
+    p.add_argument(
+        "--nanogpt",
+        type=Path,
+        metavar="DIR",
+        help="a checkout of karpathy/nanoGPT: runs the nanoGPT comparison (left out without it)",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--results", action="store_true", help=f"write straight into {RESULTS}")
     where.add_argument("--out", type=Path, help="output directory (default: benchmark_results)")
@@ -145,12 +156,18 @@ def main(argv=None) -> int:
         p.error(f"--jobs must be at least 1, got {a.jobs}")
     if a.jobs > 1 and not a.tiny:
         p.error("--jobs N > 1 shares the CPUs between benchmarks and skews their timings: use it with --tiny only")
+    if a.nanogpt is not None and not (a.nanogpt / "train.py").is_file():
+        p.error(f"--nanogpt {a.nanogpt} holds no train.py: give a checkout of karpathy/nanoGPT")
+    if a.nanogpt is None and NEEDS_NANOGPT & set(names):
+        left = sorted(NEEDS_NANOGPT & set(names))
+        print(f"left out {', '.join(left)}: it needs --nanogpt DIR (a checkout of karpathy/nanoGPT)", flush=True)
+        names = [n for n in names if n not in NEEDS_NANOGPT]
     out_dir = RESULTS if a.results else (a.out or Path("benchmark_results"))
     out_dir.mkdir(parents=True, exist_ok=True)
     walls, failed = {}, {}
 
     def one(i: int, name: str) -> None:
-        args = BENCHMARKS[name][2 if a.tiny else 1]
+        args = BENCHMARKS[name][2 if a.tiny else 1] + (["--nanogpt", str(a.nanogpt)] if name in NEEDS_NANOGPT else [])
         walls[name], err = run_one(name, args, out_dir, f"[{i + 1}/{len(names)}]", capture=a.jobs > 1)
         if err:
             failed[name] = err

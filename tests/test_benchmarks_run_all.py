@@ -1,6 +1,7 @@
 """The one-command benchmark runner works end to end at the tiniest sizes: every benchmark writes a report json
 (benchmarks/report.py schema) with the commit it measured, and BENCHMARKS.md renders from them."""
 
+import json
 import re
 import subprocess
 import sys
@@ -34,17 +35,19 @@ def test_run_all_tiny_writes_every_report(tmp_path):
     # two at a time (numbers at --tiny mean nothing, so sharing the CPUs costs nothing but saves CI minutes)
     proc = _run_all("--tiny", "--jobs", "2", "--out", str(tmp_path), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert {p.stem for p in tmp_path.glob("*.json")} == set(run_all.BENCHMARKS)
+    ours = set(run_all.BENCHMARKS) - run_all.NEEDS_NANOGPT  # no nanoGPT checkout here: left out, said so
+    assert "left out nanogpt: it needs --nanogpt DIR" in proc.stdout
+    assert {p.stem for p in tmp_path.glob("*.json")} == ours
     results = dict(load_results(tmp_path))  # validates every file against the schema (met vs target included)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    for name, script in ((n, s) for n, (s, _, _) in run_all.BENCHMARKS.items()):
+    for name, script in ((n, s) for n, (s, _, _) in run_all.BENCHMARKS.items() if n in ours):
         data = results[name]
         assert data["commit"] == head, (name, data.get("commit"))
         # the recorded command regenerates this result file
         assert data["command"].startswith(f"python benchmarks/{script}.py"), (name, data["command"])
         assert data["command"].endswith(f"--out benchmarks/results/{name}.json"), (name, data["command"])
     text = render(list(results.items()))
-    assert all(f'<a id="{name}"></a>' in text for name in run_all.BENCHMARKS)
+    assert all(f'<a id="{name}"></a>' in text for name in ours)
 
     eff = results["loop_efficiency"]["result"]
     assert len(eff["rows"]) == 4 and {r["ce_backward"] for r in eff["rows"]} == {"fused", "recompute"}
@@ -64,8 +67,22 @@ def test_run_all_tiny_writes_every_report(tmp_path):
     # each benchmark's output is one block: its command line, its own output, its wall time; never another's lines
     marks = re.findall(r"^=== \[\d+/\d+\] (\w+): (python|\d+ s$)", proc.stdout, re.M)
     names = [name for name, kind in marks[::2]]
-    assert sorted(names) == sorted(run_all.BENCHMARKS), marks
+    assert sorted(names) == sorted(ours), marks
     assert [(n, k == "python") for n, k in marks] == [(n, first) for n in names for first in (True, False)], marks
+
+
+def test_the_nanogpt_comparison_runs_from_the_checkout_given(tmp_path):
+    """--nanogpt DIR must be a nanoGPT checkout (one line, exit 2, nothing run); the recorded result's command is
+    the one run_all runs, the checkout left as a placeholder."""
+    proc = _run_all("--only", "nanogpt", "--nanogpt", str(tmp_path))
+    assert proc.returncode == 2 and "holds no train.py" in proc.stderr
+    proc = _run_all("--only", "nanogpt", "--out", str(tmp_path))
+    assert proc.returncode == 0 and "left out nanogpt" in proc.stdout and not list(tmp_path.glob("*.json"))
+    recorded = json.loads((RESULTS / "nanogpt.json").read_text())["command"]
+    assert (
+        recorded.startswith("python benchmarks/nanogpt.py --nanogpt ")
+        and "--out benchmarks/results/nanogpt.json" in recorded
+    )
 
 
 def test_run_all_rejects_unknown_names():
