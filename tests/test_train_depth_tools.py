@@ -320,3 +320,30 @@ def test_the_diagonal_injection_stays_contractive_whatever_its_parameters():
     a = model.injection.decay()
     assert a.max() < 1 and a.min() >= 0
     assert torch.allclose(_model(inject_embedding=True, injection="diagonal").injection.decay(), torch.tensor(0.9))
+
+
+def test_the_random_initial_state_decodes_the_same_with_and_without_a_kv_cache():
+    """Evaluation draws one state per position (seed 0): a cached decode equals the full forward, and a sequence's
+    logits do not depend on its batch-mates."""
+    from titanloop.eval.generate import LoopKVCache
+    from titanloop.eval.trace import iter_loops
+    from titanloop.model import preset
+
+    torch.manual_seed(0)
+    m = LoopLM(preset("debug-tiny", vocab_size=96, inject_embedding=True, injection="diagonal", init_state="random"))
+    m.eval()
+    ids = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(3))
+    cache = LoopKVCache(4, "full")
+    with torch.no_grad():
+        steps = list(iter_loops(m, ids, 4, kv_cache=cache))
+        cache.start_decoding()
+        nxt = m.lm_head(steps[-1].exit_readout[:, -1]).argmax(-1, keepdim=True)
+        for _ in range(3):
+            step = list(iter_loops(m, nxt, 4, kv_cache=cache, position_offset=ids.shape[1]))[-1]
+            cache.commit(torch.full((3,), 4))
+            ids = torch.cat([ids, nxt], 1)
+            ref = m(ids, return_logits="last").logits[:, -1]
+            torch.testing.assert_close(m.lm_head(step.exit_readout[:, -1]), ref, atol=1e-5, rtol=1e-5)
+            nxt = ref.argmax(-1, keepdim=True)
+        alone = m(ids[1:2], return_logits="last").logits
+        torch.testing.assert_close(alone, m(ids, return_logits="last").logits[1:2], atol=1e-5, rtol=1e-5)

@@ -310,20 +310,32 @@ class LoopLM(nn.Module):
         """The next loop's input from x and the embedding e: x + e, or A x + B e (injection='diagonal')."""
         return x + e if self.injection is None else self.injection(x, e)
 
-    def initial_state(self, e: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+    def initial_state(self, e: torch.Tensor, seed: int | None = None, position_offset: int = 0) -> torch.Tensor:
         """Huginn's random initial state: a normal of std init_state_std (default the embedding's init std),
-        truncated at 3 std, shaped like e, from a generator seeded with `seed` (default 0: evaluation is
-        deterministic; training passes a seed per micro-batch)."""
+        truncated at 3 std, shaped like e. seed (training: one per micro-batch) draws the [B, S, H] state from a
+        generator seeded with it; None (evaluation, generation) gives every position p (from `position_offset`) a
+        fixed state, a function of (p, channel) only: the same for every sequence of a batch and whether decoded
+        with a KV cache or not, so evaluation is deterministic."""
         c = self.cfg
         std = c.init_state_std or c.embed_init_std or c.init_std
         from torch._subclasses.fake_tensor import is_fake
 
         if is_fake(e):  # the memory plan's fake tensors: the shape is all that counts
             return torch.randn_like(e) * std
-        g = torch.Generator(device=e.device).manual_seed(0 if seed is None else int(seed))
-        noise = torch.empty(e.shape, device=e.device, dtype=torch.float32)
-        torch.nn.init.trunc_normal_(noise, 0.0, std, -3 * std, 3 * std, generator=g)
-        return noise.to(e.dtype)
+        b, s, h = e.shape
+        if seed is not None:
+            g = torch.Generator(device=e.device).manual_seed(int(seed))
+            noise = torch.empty(e.shape, device=e.device, dtype=torch.float32)
+            torch.nn.init.trunc_normal_(noise, 0.0, std, -3 * std, 3 * std, generator=g)
+            return noise.to(e.dtype)
+        # a counter-based draw (a generator's stream is not prefix-consistent): u uniform from a hash of (p, channel),
+        # then the inverse normal CDF restricted to [-3, 3]
+        pos = torch.arange(position_offset, position_offset + s, device=e.device, dtype=torch.float64)
+        ch = torch.arange(h, device=e.device, dtype=torch.float64)
+        u = torch.frac(torch.sin(pos[:, None] * 12.9898 + ch[None, :] * 78.233 + 0.5).abs() * 43758.5453)
+        lo = 0.5 * math.erfc(3 / math.sqrt(2))  # Phi(-3)
+        z = math.sqrt(2) * torch.erfinv(2 * (lo + u * (1 - 2 * lo)) - 1)
+        return (z * std).to(e.dtype).expand(b, s, h)
 
     def head_input(self, state: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
         """Coda layers (if any) on a loop's raw state; the readout/gate/next-loop input start from this."""
@@ -384,7 +396,7 @@ class LoopLM(nn.Module):
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
         injected = x if self.cfg.inject_embedding else None
         if self.cfg.init_state == "random":  # Huginn: noise, with the embedding injected as into every later loop
-            x = self.inject(self.initial_state(x, init_seed), injected)
+            x = self.inject(self.initial_state(x, init_seed, position_offset), injected)
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
         no_grad_loops = t_total - backprop_loops if 0 < backprop_loops < t_total else 0
         for t in range(t_total):
