@@ -267,6 +267,7 @@ def test_a_resumed_run_draws_the_same_depths_and_ends_bit_for_bit_equal(depth_ru
 
 @pytest.mark.slow
 def test_the_statistics_cover_the_loops_with_a_graph(depth_runs):
+    assert "loops poisson_lognormal, backprop through the last 2" in depth_runs["ref"].out
     for step, row in depth_runs["ref"].by_step.items():
         assert len(row["ce"]) == min(2, row["n_loops"]), (step, row["n_loops"], row["ce"])
 
