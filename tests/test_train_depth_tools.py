@@ -348,3 +348,27 @@ def test_the_random_initial_state_decodes_the_same_with_and_without_a_kv_cache()
             nxt = ref.argmax(-1, keepdim=True)
         alone = m(ids[1:2], return_logits="last").logits
         torch.testing.assert_close(alone, m(ids, return_logits="last").logits[1:2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides, world, match",
+    [
+        (
+            ["--objective.name", "stage2_gate", "--loop_sampler.backprop_loops", "1"],
+            1,
+            r"loop_sampler\.backprop_loops=1 ",
+        ),
+        (["--parallelism.tp", "2", "--model.injection", "diagonal"], 2, r"model\.injection='diagonal' .*tensor paral"),
+        (["--parallelism.tp", "2", "--model.init_state", "random"], 2, r"model\.init_state='random' .*tensor paral"),
+        (["--model.inject_embedding", "false", "--model.init_state", "random"], 1, r"init_state='random' .*inject_emb"),
+        (
+            ["--model.inject_embedding", "false", "--model.injection", "diagonal"],
+            1,
+            r"injection='diagonal' .*inject_emb",
+        ),
+    ],
+)
+def test_what_the_depth_tools_cannot_run_with_is_refused_in_one_line(overrides, world, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(DEBUG, ["--model.inject_embedding", "true", *overrides], world_size=world)
+    assert "\n" not in str(e.value)

@@ -238,6 +238,12 @@ def check_depth_tools(cfg: TrainConfig, family, tp: int) -> None:
             "0 unless model.inject_embedding = true (with truncation the embedding reaches the loss only through the "
             "injection into the loops with a graph)",
         )
+        require(
+            cfg.objective.name != "stage2_gate" or s.backprop_loops >= 2,
+            "loop_sampler.backprop_loops",
+            s.backprop_loops,
+            "0 or >= 2 for objective.name='stage2_gate' (its gate loss compares consecutive loops with a graph)",
+        )
     if tp > 1:
         for key, value, default in (("init_state", m.init_state, "embedding"), ("injection", m.injection, "add")):
             require(
