@@ -15,8 +15,9 @@ torchtitan's ModelSpec. A family is built from its own sections, never from the 
                                   with load_weights=False, for the dry run)
     check_layout(tp=, engine=, objective=, jsrr_weight=, loops=)
                                   what the family supports beyond the generic checks (one-line ConfigError)
-    flops_per_token(seq_len, n_loops, doc_lengths)
-                                  training FLOPs per token, every loop counted: tokens/s -> TFLOPs -> MFU
+    flops_per_token(seq_len, n_loops, doc_lengths, backward_loops)
+                                  training FLOPs per token, every loop that runs counted (the backward of the
+                                  last backward_loops only, under truncation): tokens/s -> TFLOPs -> MFU
     describe()                    the model's name in the run summary and the dry run
     extra_summary(run)            lines the run summary adds for this family
     export(model, out_dir)        the Hugging Face writer (its state-dict adapter): Ouro HF for a LoopLM,
@@ -83,8 +84,12 @@ class LoopLMFamily:
                 f"<= model.max_loops={self.shape.max_loops} (per_loop_norm has one norm per loop)",
             )
 
-    def flops_per_token(self, seq_len: int, n_loops: int, doc_lengths: list[int] | None = None) -> float:
-        return self.shape.flops_per_token(seq_len, n_loops=n_loops, doc_lengths=doc_lengths)
+    def flops_per_token(
+        self, seq_len: int, n_loops: int, doc_lengths: list[int] | None = None, backward_loops: int | None = None
+    ) -> float:
+        return self.shape.flops_per_token(
+            seq_len, n_loops=n_loops, doc_lengths=doc_lengths, backward_loops=backward_loops
+        )
 
     def describe(self) -> str:
         return self.section.describe(self.n_loops)
@@ -162,7 +167,9 @@ class RetrofitFamily:
             f"at most model.max_loops={r.max_loops} loops (per-step norms, embeddings and diagonals)",
         )
 
-    def flops_per_token(self, seq_len: int, n_loops: int, doc_lengths: list[int] | None = None) -> float:
+    def flops_per_token(
+        self, seq_len: int, n_loops: int, doc_lengths: list[int] | None = None, backward_loops: int | None = None
+    ) -> float:
         """RetrofitLM's own count: the frozen prelude runs forward only, the frozen coda, recurrent layer and LM
         head pass input gradients back, the controller and gate train (RetrofitLM.flops_per_token). Attention
         is counted over the whole sequence (the retrofit has no packed-document FLOP count)."""

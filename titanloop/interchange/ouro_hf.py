@@ -63,6 +63,9 @@ _TITANLOOP_FIELDS = (
     "readout",
     "inter_loop_norm",
     "inject_embedding",
+    "injection",
+    "init_state",
+    "init_state_std",
     "n_prelude_layers",
     "n_coda_layers",
     "gated_recurrence",
@@ -103,6 +106,10 @@ def ouro_incompatibilities(cfg: LoopLMConfig) -> list[str]:
         why.append("inter_loop_norm=false (the Ouro code feeds norm(h_t) into the next loop)")
     if cfg.inject_embedding:
         why.append("inject_embedding=true (the Ouro code does not add the embedding to later loops' inputs)")
+    if cfg.injection != "add":
+        why.append(f"injection={cfg.injection!r} (the Ouro code has no diagonal injection A x + B e)")
+    if cfg.init_state != "embedding":
+        why.append(f"init_state={cfg.init_state!r} (the Ouro code starts the first loop from the embedding)")
     if cfg.n_prelude_layers or cfg.n_coda_layers:
         why.append(
             f"n_prelude_layers={cfg.n_prelude_layers}, n_coda_layers={cfg.n_coda_layers} (the Ouro code has "

@@ -14,6 +14,8 @@ from titanloop.config_errors import ConfigError, from_dict_strict, require, requ
 from titanloop.config_fields import coerce, field_types
 
 READOUTS = ("norm", "raw", "final_only_norm")
+INJECTIONS = ("add", "diagonal")
+INIT_STATES = ("embedding", "random")
 ATTENTION_BACKENDS = ("auto", "varlen", "flash", "flex", "sdpa_per_doc", "sdpa")  # see titanloop.model.attention
 
 
@@ -47,6 +49,14 @@ class LoopLMConfig:
     # recurrent-depth models (Geiping et al. concatenate it instead). Keeps the token a constant share of what each
     # loop reads while the raw state grows; T = 1 is unchanged (docs/training.md, "Seed dependence").
     inject_embedding: bool = False
+    # how inject_embedding injects: add (x_t + e) or diagonal, Parcae's stable injection x_t <- A x_t + B e with A, B
+    # per-channel and A = exp(-softplus(dt) * exp(A_log)) in (0, 1), so its spectral radius is < 1 by construction
+    injection: str = "add"
+    # what the first loop starts from: the embedding (Ouro) or, as Huginn, a random state drawn from a normal of
+    # std init_state_std (null: the embedding's init std) into which the embedding is injected (needs
+    # inject_embedding); docs/training.md, "Depth that holds"
+    init_state: str = "embedding"
+    init_state_std: float | None = None
     n_prelude_layers: int = 0  # layers run once before the loop (STARS / Huginn)
     n_coda_layers: int = 0  # layers run on each loop's state before its readout
     gated_recurrence: bool = False  # h = g*h_new + (1-g)*h_old, g = sigmoid(W[h_new;h_old]+b)
@@ -111,6 +121,27 @@ class LoopLMConfig:
         )
         require(0 <= self.dropout < 1, "dropout", self.dropout, "a probability in [0, 1)")
         require_choice(self.readout, "readout", READOUTS)
+        require_choice(self.injection, "injection", INJECTIONS)
+        require_choice(self.init_state, "init_state", INIT_STATES)
+        require(
+            self.injection == "add" or self.inject_embedding,
+            "injection",
+            self.injection,
+            "'add' unless inject_embedding = true (it says how the embedding is injected)",
+        )
+        require(
+            self.init_state == "embedding" or self.inject_embedding,
+            "init_state",
+            self.init_state,
+            "'embedding' unless inject_embedding = true (a random initial state sees the tokens only through the "
+            "injection)",
+        )
+        require(
+            self.init_state_std is None or self.init_state_std > 0,
+            "init_state_std",
+            self.init_state_std,
+            "a positive std (or null for the embedding's init std)",
+        )
         require_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         require(self.n_prelude_layers >= 0, "n_prelude_layers", self.n_prelude_layers, "an integer >= 0")
         require(self.n_coda_layers >= 0, "n_coda_layers", self.n_coda_layers, "an integer >= 0")
@@ -143,6 +174,8 @@ class LoopLMConfig:
             n += 2 * h * h + h
         if self.per_loop_norm:
             n += self.max_loops * h
+        if self.inject_embedding and self.injection == "diagonal":
+            n += 3 * h  # A_log, dt, B
         head = self.vocab_size * h
         if include_embedding:
             n += head  # embedding
@@ -159,6 +192,7 @@ class LoopLMConfig:
         readouts: int | None = None,
         training: bool = True,
         doc_lengths=None,
+        backward_loops: int | None = None,
     ) -> float:
         """Model FLOPs per token: THE count behind MFU in the training metrics, the benchmarks and gpu_check.
 
@@ -172,22 +206,37 @@ class LoopLMConfig:
         many loops are decoded by the LM head (all of them in per-loop training; default n_loops); coda
         layers run once per decoded loop. training=True counts forward+backward (x3 of forward), False
         counts the forward only. Checked against torch.utils.flop_counter in tests/test_model_flops.py.
+
+        backward_loops: k < n_loops counts truncated backpropagation through depth as it runs: the forward of all
+        n_loops loops (their coda layers and exit gates too) and the backward (x2 of forward) of the last k only,
+        plus the prelude's; only the k loops with a graph are decoded (default `readouts` = k).
         """
         t = self.n_loops if n_loops is None else n_loops
-        readouts = t if readouts is None else readouts
+        k = t if backward_loops is None else max(1, min(int(backward_loops), t))
+        if k == t:
+            readouts = t if readouts is None else readouts
+            return self._forward_flops(seq_len, t, readouts, readouts, doc_lengths) * (3 if training else 1)
+        readouts = k if readouts is None else readouts
+        fwd = self._forward_flops(seq_len, t, readouts, t, doc_lengths)
+        if not training:
+            return fwd
+        return fwd + 2 * self._forward_flops(seq_len, k, readouts, k, doc_lengths)
+
+    def _forward_flops(self, seq_len: int, t: int, readouts: int, coda_runs: int, doc_lengths) -> float:
+        """Forward FLOPs per token of t loops, `readouts` of them decoded, the coda run `coda_runs` times."""
         h = self.hidden_size
         kv = self.kv_heads * self.head_dim
         per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_hidden_size)  # fwd matmul flops
         attn = 2 * 2 * h * attended_keys_per_token(seq_len, doc_lengths)  # QK^T and AV over the attended keys
         looped_layers = self.n_layers * t
         once_layers = self.n_prelude_layers
-        coda_layers = self.n_coda_layers * readouts
+        coda_layers = self.n_coda_layers * coda_runs
         fwd = (looped_layers + once_layers + coda_layers) * (per_layer + attn)
         fwd += readouts * 2 * h * self.vocab_size  # shared LM head at every decoded loop
         fwd += t * 2 * h  # exit gate
         if self.gated_recurrence:
             fwd += t * 2 * 2 * h * h
-        return fwd * (3 if training else 1)
+        return fwd
 
 
 def attended_keys_per_token(seq_len: int, doc_lengths=None) -> float:

@@ -10,6 +10,10 @@ Read top to bottom: RMSNorm, Attention, MLP, DecoderLayer (sandwich norm), LoopL
         λ_t   = sigmoid(exit_gate(norm(h_t)))      # one scalar per token per loop
         x     = norm(h_t) if inter_loop_norm else h_t
         x     = x + e  (inject_embedding: e is the embedded, pre-loop input)
+                or A x + B e  (injection='diagonal': Parcae's stable injection, 0 < A < 1 per channel)
+
+With init_state='random' (Huginn) the first loop starts from noise with the embedding injected, not from e.
+With backprop_loops = k (truncated backpropagation through depth) the first T - k loops run under torch.no_grad().
 
 The forward returns per-loop readouts and gate logits, never T full-vocabulary logit tensors: the
 objectives (titanloop.objectives) apply the shared LM head in chunks.
@@ -117,6 +121,27 @@ class DecoderLayer(nn.Module):
         return h + (m if self.dropout is None else self.dropout(m))
 
 
+class DiagonalInjection(nn.Module):
+    """Parcae's stable input injection: x <- A x + B e with A = exp(-softplus(dt) * exp(A_log)) per channel, so
+    every entry of the diagonal A lies in (0, 1) and the map's spectral radius is < 1 by construction, whatever
+    the parameters; B is a per-channel gain on the embedding e. At init A = 0.9 and B = 1."""
+
+    A_DT_INIT = math.log(math.expm1(-math.log(0.9)))  # softplus(dt) = -ln 0.9 with A_log = 0: A = 0.9
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.A_log = nn.Parameter(torch.zeros(dim))
+        self.dt = nn.Parameter(torch.full((dim,), self.A_DT_INIT))
+        self.B = nn.Parameter(torch.ones(dim))
+
+    def decay(self) -> torch.Tensor:
+        """The diagonal of A, in fp32: each entry in (0, 1)."""
+        return torch.exp(-F.softplus(self.dt.float()) * torch.exp(self.A_log.float()))
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return self.decay().to(x.dtype) * x + self.B.to(x.dtype) * e
+
+
 @dataclass
 class LoopLMOutput:
     """What one forward returns, per loop t = 1..T (index t-1)."""
@@ -164,6 +189,7 @@ class LoopLM(nn.Module):
         self.norm = RMSNorm(h, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(h, 1, bias=True)
         self.recurrence_gate = nn.Linear(2 * h, h, bias=True) if cfg.gated_recurrence else None
+        self.injection = DiagonalInjection(h) if cfg.inject_embedding and cfg.injection == "diagonal" else None
         self.loop_norms = (
             nn.ModuleList(RMSNorm(h, cfg.norm_eps) for _ in range(cfg.max_loops)) if cfg.per_loop_norm else None
         )
@@ -189,6 +215,8 @@ class LoopLM(nn.Module):
             return ("const", 0.0)
         if module is self.recurrence_gate:  # zero W, bias -2: retain ~88% of the old state at init
             return ("const", self.cfg.gate_bias_init if name.endswith(".bias") else 0.0)
+        if module is self.injection:  # A = 0.9, B = 1 at init
+            return ("const", {"A_log": 0.0, "dt": DiagonalInjection.A_DT_INIT, "B": 1.0}[name.rsplit(".", 1)[1]])
         if module is self.embed_tokens and self.cfg.embed_init_std is not None:
             return ("normal", self.cfg.embed_init_std)
         if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -273,8 +301,41 @@ class LoopLM(nn.Module):
     def recurrent_map(self, x: torch.Tensor, t: int, cos, sin, mask=None) -> torch.Tensor:
         """Φ: the map from loop t's input to loop t+1's input (loop_step plus the inter-loop norm). With
         inject_embedding the next input also adds the embedding, a constant in x: Φ here leaves it out, which
-        changes no Jacobian (JSRR and the spectral diagnostics use only those)."""
-        return self.next_loop_input(self.loop_step(x, t, cos, sin, mask))
+        changes no Jacobian (JSRR and the spectral diagnostics use only those); the diagonal injection's A scales
+        it."""
+        nxt = self.next_loop_input(self.loop_step(x, t, cos, sin, mask))
+        return nxt if self.injection is None else self.injection.decay().to(nxt.dtype) * nxt
+
+    def inject(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """The next loop's input from x and the embedding e: x + e, or A x + B e (injection='diagonal')."""
+        return x + e if self.injection is None else self.injection(x, e)
+
+    def initial_state(self, e: torch.Tensor, seed: int | None = None, position_offset: int = 0) -> torch.Tensor:
+        """Huginn's random initial state: a normal of std init_state_std (default the embedding's init std),
+        truncated at 3 std, shaped like e. seed (training: one per micro-batch) draws the [B, S, H] state from a
+        generator seeded with it; None (evaluation, generation) gives every position p (from `position_offset`) a
+        fixed state, a function of (p, channel) only: the same for every sequence of a batch and whether decoded
+        with a KV cache or not, so evaluation is deterministic."""
+        c = self.cfg
+        std = c.init_state_std or c.embed_init_std or c.init_std
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(e):  # the memory plan's fake tensors: the shape is all that counts
+            return torch.randn_like(e) * std
+        b, s, h = e.shape
+        if seed is not None:
+            g = torch.Generator(device=e.device).manual_seed(int(seed))
+            noise = torch.empty(e.shape, device=e.device, dtype=torch.float32)
+            torch.nn.init.trunc_normal_(noise, 0.0, std, -3 * std, 3 * std, generator=g)
+            return noise.to(e.dtype)
+        # a counter-based draw (a generator's stream is not prefix-consistent): u uniform from a hash of (p, channel),
+        # then the inverse normal CDF restricted to [-3, 3]
+        pos = torch.arange(position_offset, position_offset + s, device=e.device, dtype=torch.float64)
+        ch = torch.arange(h, device=e.device, dtype=torch.float64)
+        u = torch.frac(torch.sin(pos[:, None] * 12.9898 + ch[None, :] * 78.233 + 0.5).abs() * 43758.5453)
+        lo = 0.5 * math.erfc(3 / math.sqrt(2))  # Phi(-3)
+        z = math.sqrt(2) * torch.erfinv(2 * (lo + u * (1 - 2 * lo)) - 1)
+        return (z * std).to(e.dtype).expand(b, s, h)
 
     def head_input(self, state: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
         """Coda layers (if any) on a loop's raw state; the readout/gate/next-loop input start from this."""
@@ -306,6 +367,8 @@ class LoopLM(nn.Module):
         positions: torch.Tensor | None = None,
         kv_cache=None,
         position_offset: int = 0,
+        backprop_loops: int = 0,
+        init_seed: int | None = None,
     ) -> Iterator[LoopStep]:
         """The loop over t = 1..T, yielding a LoopStep after each loop; the caller may stop early (break).
         `forward`, evaluation (titanloop.eval.trace) and early exit all run the model through this loop.
@@ -314,6 +377,9 @@ class LoopLM(nn.Module):
         doc_ids: [B, S] document index per token; restricts attention to the token's own document. It may stay in
             host memory while input_ids is on the GPU: the document boundaries are then read on the host (no sync).
         kv_cache / position_offset: incremental decoding (see titanloop.eval.generate).
+        backprop_loops: k > 0 runs the first T - k loops under torch.no_grad() (truncated backpropagation through
+            depth): their LoopSteps hold no graph, and the first loop with a graph starts from a detached input.
+        init_seed: the seed of the random initial state (init_state='random'; default 0).
         """
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
@@ -329,25 +395,36 @@ class LoopLM(nn.Module):
         )
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
         injected = x if self.cfg.inject_embedding else None
+        if self.cfg.init_state == "random":  # Huginn: noise, with the embedding injected as into every later loop
+            x = self.inject(self.initial_state(x, init_seed, position_offset), injected)
         step = self.loop_step if self.loop_wrapper is None else self.loop_wrapper(self.loop_step)
+        no_grad_loops = t_total - backprop_loops if 0 < backprop_loops < t_total else 0
         for t in range(t_total):
-            h = step(x, t, cos, sin, mask, kv_cache)
-            pre = self.head_input(h, t, cos, sin, mask, kv_cache)
-            normed = self.norm(pre)
-            nxt = self.next_loop_input(h, normed)
-            if injected is not None:
-                nxt = nxt + injected
-            yield LoopStep(
-                t=t + 1,
-                loop_input=x,
-                state=h,
-                pre=pre,
-                normed=normed,
-                exit_readout=self.readout(pre, normed, t, t + 1),
-                gate_logit=self.early_exit_gate(normed).squeeze(-1),
-                next_input=nxt,
-            )
-            x = nxt
+            if t < no_grad_loops:  # truncated: no graph, no activation checkpointing to wrap
+                with torch.no_grad():
+                    s = self._loop(self.loop_step, x, t, injected, cos, sin, mask, kv_cache)
+            else:
+                s = self._loop(step, x, t, injected, cos, sin, mask, kv_cache)
+            yield s
+            x = s.next_input
+
+    def _loop(self, step, x, t, injected, cos, sin, mask, kv_cache) -> LoopStep:
+        h = step(x, t, cos, sin, mask, kv_cache)
+        pre = self.head_input(h, t, cos, sin, mask, kv_cache)
+        normed = self.norm(pre)
+        nxt = self.next_loop_input(h, normed)
+        if injected is not None:
+            nxt = self.inject(nxt, injected)
+        return LoopStep(
+            t=t + 1,
+            loop_input=x,
+            state=h,
+            pre=pre,
+            normed=normed,
+            exit_readout=self.readout(pre, normed, t, t + 1),
+            gate_logit=self.early_exit_gate(normed).squeeze(-1),
+            next_input=nxt,
+        )
 
     def forward(
         self,
@@ -360,21 +437,35 @@ class LoopLM(nn.Module):
         position_offset: int = 0,
         return_logits: str | None = None,
         exit_readouts: bool = False,
+        backprop_loops: int = 0,
+        init_seed: int | None = None,
     ) -> LoopLMOutput:
         """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits (arguments as
         in `loops`). return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models).
         exit_readouts: readouts[t] is what the model decodes when it stops at loop t (LoopStep.exit_readout, as
         titanloop.eval scores it) instead of loop t's readout within a T-loop forward (they differ only for
-        readout='final_only_norm'); validation during training uses it."""
+        readout='final_only_norm'); validation during training uses it.
+        backprop_loops: k > 0 truncates backpropagation through depth (see `loops`); the output then holds the last
+        min(k, T) loops only, those with a graph (readouts[0] is loop T - k + 1's)."""
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
+        kept_from = t_total - backprop_loops if 0 < backprop_loops < t_total else 0
         readouts, states, gates, x, last_input = [], [], [], None, None
         for s in self.loops(
-            input_ids, t_total, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
+            input_ids,
+            t_total,
+            doc_ids=doc_ids,
+            positions=positions,
+            kv_cache=kv_cache,
+            position_offset=position_offset,
+            backprop_loops=backprop_loops,
+            init_seed=init_seed,
         ):
+            x, last_input = s.next_input, s.loop_input
+            if s.t <= kept_from:
+                continue
             readouts.append(s.exit_readout if exit_readouts else self.readout(s.pre, s.normed, s.t - 1, t_total))
             states.append(s.state)
             gates.append(s.gate_logit)
-            x, last_input = s.next_input, s.loop_input
         out = LoopLMOutput(
             readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x, last_input=last_input
         )

@@ -144,7 +144,8 @@ def print_summary(run) -> None:
             f"= dp {mesh.dp_world} x tp {mesh.dims.tp} ({engine}) | {run.param_dtype} params on {mesh.device_type} | "
             f"global batch {t.global_batch_size} x {t.seq_len} tokens, grad accum "
             f"{run.dataloader.grad_accum_at(0)} | objective {cfg.objective.name} | loops "
-            f"{cfg.loop_sampler.kind}",
+            f"{cfg.loop_sampler.kind}"
+            + (f", backprop through the last {k}" if (k := cfg.loop_sampler.backprop_loops) else ""),
             flush=True,
         )
         for line in family.extra_summary(run):

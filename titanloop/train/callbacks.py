@@ -165,7 +165,8 @@ class Metrics(Callback):
         doc_lengths = result.doc_lengths or None  # None: plain causal attention
         # Speed over every step since the last log line, not the log step alone: a log step ends each phase with a
         # barrier (metrics.breakdown), the others run as training does
-        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths) * tokens
+        backward = cfg.loop_sampler.graph_loops(result.n_loops)  # truncated backprop: the last k loops only
+        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths, backward) * tokens
         self.window = [self.window[0] + tokens, self.window[1] + result.seconds, self.window[2] + flops]
         if result.skipped and result.validation:  # no training numbers to show at a skipped step
             self.logger.log_validation(result.step, result.validation)

@@ -213,11 +213,42 @@ def validate_layout(cfg: TrainConfig, world_size: int) -> None:
     if ramp is not None:
         ramp.check_layout(t.micro_batch_size, dp)
     loops = cfg.loop_sampler.bounds()
+    check_depth_tools(cfg, family, tp)
     family.check_layout(tp=tp, engine=p.engine, objective=o.name, jsrr_weight=o.jsrr_weight, loops=loops)
     if cfg.validation.enable:
         check_validation_layout(cfg, m)
     if o.name == "stage2_gate":
         require(loops[0] >= 2, "loop_sampler", loops[0], ">= 2 loops per step for objective.name='stage2_gate'")
+
+
+def check_depth_tools(cfg: TrainConfig, family, tp: int) -> None:
+    """What truncated backpropagation through depth, the random initial state and the diagonal injection need."""
+    s, m = cfg.loop_sampler, family.shape
+    if s.backprop_loops:
+        require(
+            family.name == "looplm",
+            "loop_sampler.backprop_loops",
+            s.backprop_loops,
+            "0 for a retrofit run (truncated backpropagation through depth is a LoopLM option)",
+        )
+        require(
+            not s.truncates or m.inject_embedding,
+            "loop_sampler.backprop_loops",
+            s.backprop_loops,
+            "0 unless model.inject_embedding = true (with truncation the embedding reaches the loss only through the "
+            "injection into the loops with a graph)",
+        )
+        require(
+            cfg.objective.name != "stage2_gate" or s.backprop_loops >= 2,
+            "loop_sampler.backprop_loops",
+            s.backprop_loops,
+            "0 or >= 2 for objective.name='stage2_gate' (its gate loss compares consecutive loops with a graph)",
+        )
+    if tp > 1:
+        for key, value, default in (("init_state", m.init_state, "embedding"), ("injection", m.injection, "add")):
+            require(
+                value == default, f"model.{key}", value, f"{default!r} under tensor parallelism (parallelism.tp > 1)"
+            )
 
 
 def check_validation_layout(cfg: TrainConfig, m: LoopLMConfig) -> None:

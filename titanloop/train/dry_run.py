@@ -125,7 +125,7 @@ def _schedules(cfg: TrainConfig, lr_schedulers, dp: int, report: DryRunReport) -
     """Walk the LR, loop-count and batch schedules over every step of the stage."""
     t = cfg.training
     lam = lr_schedulers.schedulers[0].lr_lambdas[0]
-    sampler = LoopSampler(cfg.loop_sampler)
+    sampler = LoopSampler(cfg.loop_sampler, t.steps)
     ramp = t.batch_ramp()
     lrs, loops, accums, tokens = [], set(), set(), 0
     for step in range(t.steps):

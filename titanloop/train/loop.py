@@ -143,8 +143,15 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
     labels = batch["labels"].to(mesh.device, non_blocking=True)
     doc_ids = batch["doc_ids"] if cfg.training.doc_masking else None
 
+    # truncated backpropagation through depth: the objective sees the last k loops, those with a graph
+    backprop = cfg.loop_sampler.backprop_loops
+    init_seed = initial_state_seed(cfg.training.seed, batch) if cfg.looplm.init_state == "random" else None
+
     def forward_and_objective(model):
-        out = model(input_ids, n_loops, doc_ids=doc_ids)
+        if backprop or init_seed is not None:
+            out = model(input_ids, n_loops, doc_ids=doc_ids, backprop_loops=backprop, init_seed=init_seed)
+        else:
+            out = model(input_ids, n_loops, doc_ids=doc_ids)
         readouts = [gather_sequence(r, mesh.sp_mesh) for r in out.readouts]
         states = [gather_sequence(s, mesh.sp_mesh) for s in out.states]
         gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)
@@ -159,6 +166,14 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
         )
 
     return run.engine.forward(forward_and_objective)
+
+
+def initial_state_seed(seed: int, batch: dict) -> int:
+    """The seed of a micro-batch's random initial state (model.init_state='random'): a function of the run's seed
+    and the micro-batch's first global sample index, so a resumed run draws the same states."""
+    ids = batch.get("sample_ids")
+    first = int(ids.reshape(-1)[0]) if ids is not None and ids.numel() else 0
+    return (seed * 0x9E3779B97F4A7C15 + first * 0xBF58476D1CE4E5B9 + 0x5851F42D4C957F2D) % (1 << 63)
 
 
 def mean_over_ranks(loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh) -> tuple[float, dict]:

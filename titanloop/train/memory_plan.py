@@ -63,6 +63,7 @@ _ROWS = {
 class MemoryPlan:
     world_size: int
     n_loops: int
+    backward_loops: int  # loops with a graph: n_loops, or the last loop_sampler.backprop_loops under truncation
     rows: dict[str, int]  # bytes per row at the peak of the step
     peak: int  # bytes
     gpu_mem_gb: float
@@ -84,14 +85,15 @@ class MemoryPlan:
 
     def text(self) -> str:
         lines = [
-            f"memory plan per GPU (rank 0 of {self.world_size}, T={self.n_loops}, "
-            f"{self.attention} attention; measured on fake tensors):"
+            f"memory plan per GPU (rank 0 of {self.world_size}, T={self.n_loops}"
+            + (f" (backward through the last {self.backward_loops})" if self.backward_loops < self.n_loops else "")
+            + f", {self.attention} attention; measured on fake tensors):"
         ]
         for name, value in self.rows.items():
             if value:
                 lines.append(f"  {name:36s} {value / GB:8.2f} GB")
         act = self.rows.get("activations", 0)
-        lines.append(f"  {'activations per loop (average)':36s} {act / self.n_loops / GB:8.2f} GB")
+        lines.append(f"  {'activations per loop (average)':36s} {act / self.backward_loops / GB:8.2f} GB")
         lines.append(f"  {'peak':36s} {self.peak / GB:8.2f} GB")
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append(f"  {self.verdict}")
@@ -333,7 +335,13 @@ def plan_memory(
             )
     if progress is not None:
         progress(f"memory plan: done in {time.perf_counter() - start:.0f} s")
-    return MemoryPlan(mesh.world_size, n_loops, rows, peak, gpu_mem_gb, reserve_gb, attention, notes)
+    backward = cfg.loop_sampler.graph_loops(n_loops)
+    if backward < n_loops:
+        notes.append(
+            f"truncated backpropagation through depth: {n_loops - backward} loop(s) run without a graph, "
+            f"{backward} keep activations for backward"
+        )
+    return MemoryPlan(mesh.world_size, n_loops, backward, rows, peak, gpu_mem_gb, reserve_gb, attention, notes)
 
 
 # ----- what compile changes --------------------------------------------------------------------------------------
@@ -469,7 +477,9 @@ def compiled_layer_calls(cfg: TrainConfig) -> int | None:
     model = cfg.model.shape(n_loops)
     if cfg.parallelism.tp > 1 or model.n_prelude_layers or model.n_coda_layers:
         return None
-    loops = live_loops(cfg.parallelism.activation_checkpoint, n_loops, cfg.parallelism.ac_kept_loops)
+    graph = cfg.loop_sampler.graph_loops(n_loops)  # truncated backprop: loops without a graph save nothing
+    kept = cfg.parallelism.ac_kept_loops - (n_loops - graph)  # AC keeps loops by index; graph loops come last
+    loops = live_loops(cfg.parallelism.activation_checkpoint, graph, max(0, kept))
     return None if loops is None else model.n_layers * loops
 
 

@@ -211,7 +211,7 @@ def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
     dtype = param_dtype(cfg, mesh.device_type)
     state = TrainState()
     engine = with_fault_injection(build_stage_engine(cfg, model, mesh, dtype, stage_init), cfg.training, state, mesh)
-    loop_sampler = LoopSampler(cfg.loop_sampler)
+    loop_sampler = LoopSampler(cfg.loop_sampler, cfg.training.steps)
     dataloader = build_data(cfg, mesh)
     checkpointer = build_checkpointer(cfg, engine, dataloader, state)
     return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, n_trainable)
