@@ -108,14 +108,17 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="write the record here (default: a new dated record in benchmarks/results/)",
+    )
     a = p.parse_args(argv)
     if any(t < 1 for t in a.loops):
         p.error(f"--loops {a.loops}: every loop count must be >= 1")
     res = run(tuple(a.loops), a.layers, a.hidden, a.vocab, a.seq_len, a.batch, repeats=a.repeats)
     print_table(res)
-    if a.out:
-        write_report(a.out, "activation_checkpointing", to_report(res, regen_command("activation_checkpointing", argv)))
+    write_report(a.out, "activation_checkpointing", to_report(res, regen_command("activation_checkpointing", argv)))
     return 0
 
 
@@ -141,7 +144,6 @@ def to_report(res: dict, command: str) -> dict:
     )
     return {
         "title": "Activation checkpointing per loop (`benchmarks/activation_checkpointing.py`)",
-        "order": 30,
         "command": command,
         "machine": machine(),
         "summary": [

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=5, help="saves per mode (alternating sync/async)")
-    ap.add_argument("--out", help="write the report json (benchmarks/report.py schema) here")
+    ap.add_argument("--out", help="write the record here (default: a new dated record in benchmarks/results/)")
     args = ap.parse_args(argv)
     if min(args.hidden, args.layers, args.vocab, args.repeats) < 1 or args.hidden % 8:
         raise SystemExit("error: --hidden must be a positive multiple of 8; --layers, --vocab, --repeats >= 1")
@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"max {fmt_spread(result['stall_ratio_spread'])}; target <= {TARGET}: "
         f"{'met' if result['meets_target'] else 'NOT met'})"
     )
-    if args.out:
-        write_report(args.out, "checkpoint", to_report(result, regen_command("checkpoint", argv)))
+    write_report(args.out, "checkpoint", to_report(result, regen_command("checkpoint", argv)))
     return result
 
 
@@ -171,7 +170,6 @@ def to_report(res: dict, command: str) -> dict:
     r = res["stall_ratio_spread"]
     return {
         "title": "Checkpoint: async save stall (`benchmarks/checkpoint.py`)",
-        "order": 60,
         "command": command,
         "machine": machine(),
         "summary": [

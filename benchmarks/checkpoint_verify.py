@@ -3,15 +3,14 @@ with AdamW state), to show that the crc32 check before a load is spread over the
 
     python benchmarks/checkpoint_verify.py [--hidden 768] [--layers 4] [--repeats 3]   (launches torchrun itself)
 
-Writes benchmarks/results/checkpoint_verify.json (--out). Times are wall seconds on this machine's disk (page cache
-warm: a checkpoint just written is read back from memory), so the ratios between ranks matter, not the GB/s; they
-depend on machine load, so each is min / median / max over --repeats save / verify / load cycles.
-"""
+Writes a new dated record, benchmarks/results/<date>-<machine>-checkpoint-verify.json (or --out). Times are wall seconds
+on this machine's disk (page cache warm: a checkpoint just written is read back from memory), so the ratios between
+ranks matter, not the GB/s; they depend on machine load, so each is min / median / max over --repeats save / verify /
+load cycles."""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -21,8 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import fmt_spread, machine, regen_command, spread  # noqa: E402
-from benchmarks.report import measured_commit  # noqa: E402
+from benchmarks.common import fmt_spread, machine, regen_command, spread, write_report  # noqa: E402
 from titanloop.train.launch import torchrun  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3, help="save / verify / load cycles per world size")
-    ap.add_argument("--out", default=str(REPO / "benchmarks/results/checkpoint_verify.json"))
+    ap.add_argument("--out", help="write the record here (default: a new dated record in benchmarks/results/)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats={args.repeats}: must be >= 1")
@@ -116,10 +114,7 @@ def main(argv=None) -> int:
         print(rows[-1], flush=True)
     result = {
         "title": "Checkpoint save / verify / load, seconds per GB (`benchmarks/checkpoint_verify.py`)",
-        "order": 61,
         "command": regen_command("checkpoint_verify", argv),
-        "date": datetime.date.today().isoformat(),
-        "commit": measured_commit("checkpoint_verify"),
         "machine": machine() + ", gloo, local disk",
         "summary": [],
         "tables": [
@@ -138,7 +133,7 @@ def main(argv=None) -> int:
         ],
         "result": {"runs": raw, "repeats": args.repeats},
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_report(args.out, "checkpoint_verify", result)
     return 0
 
 

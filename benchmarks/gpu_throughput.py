@@ -460,7 +460,7 @@ def result_json(rows: list[Row], a: argparse.Namespace, meta: dict) -> dict:
     if a.smoke:
         notes.insert(0, "SMOKE RUN on the CPU at tiny shapes (debug-tiny, gloo, no compile): the numbers are "
                         "meaningless; it shows every part runs.")  # fmt: skip
-    return {"title": "GPU throughput", "kind": "gpu_throughput", "order": 6, **meta, "summary": summary_rows(rows),
+    return {"title": "GPU throughput", **meta, "summary": summary_rows(rows),
             "tables": tables, "notes": notes, "result": {"runs": [dataclasses.asdict(r) for r in rows]}}  # fmt: skip
 
 
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     attach_float8_comparisons(rows, a.artifacts)
     meta = {"command": shlex.join(["python", "benchmarks/gpu_throughput.py", *argv]), "commit": runs.git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "machine": f"{machine}, torch {torch.__version__}"}  # fmt: skip
+            "machine": f"{machine}, torch {torch.__version__}", "torch": torch.__version__}  # fmt: skip
     doc = result_json(rows, a, meta)
     a.out = runs.out_path(a, machine)
     for r in doc["summary"]:

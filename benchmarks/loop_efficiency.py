@@ -154,12 +154,15 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="write the record here (default: a new dated record in benchmarks/results/)",
+    )
     a = p.parse_args(argv)
     res = run(a.layers, a.loops, a.hidden, 4, a.vocab, a.seq_len, a.batch, a.warmup, a.repeats)
     print_table(res)
-    if a.out:
-        write_report(a.out, "loop_efficiency", to_report(res, regen_command("loop_efficiency", argv)))
+    write_report(a.out, "loop_efficiency", to_report(res, regen_command("loop_efficiency", argv)))
     return 0
 
 
@@ -181,7 +184,6 @@ def to_report(res: dict, command: str) -> dict:
 
     return {
         "title": "Loop efficiency (`benchmarks/loop_efficiency.py`)",
-        "order": 10,
         "command": command,
         "machine": machine(),
         "summary": [

@@ -167,7 +167,7 @@ def main(argv=None) -> int:
                f"median of {len(ratios)} launch pairs: {', '.join(f'{x:.3f}' for x in ratios)})",
                "measured": measured, "target": ">= 1.0", "met": measured >= 1.0 if ratios else None}  # fmt: skip
     doc = {
-        "title": "Looped vs dense at equal FLOPs per token", "kind": "looped_vs_dense", "order": 7,
+        "title": "Looped vs dense at equal FLOPs per token", "torch": torch.__version__,
         "command": shlex.join(["python", "benchmarks/looped_vs_dense.py", *argv]), "commit": runs.git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "machine": (f"1 x {torch.cuda.get_device_name(0)}" if not a.smoke else "CPU (smoke run)")

@@ -222,7 +222,11 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--chunk-size", type=int, default=4096, help="tokens per chunk of the chunked CE")
     p.add_argument("--repeats", type=int, default=0, help="also time each step this many times (0 = memory only)")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="write the record here (default: a new dated record in benchmarks/results/)",
+    )
     a = p.parse_args(argv)
     for name in ("vocab", "hidden", "heads", "layers", "loops", "batch", "seq_len", "chunk_size"):
         if getattr(a, name) < 1:
@@ -231,8 +235,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: --heads={a.heads} is invalid: expected a divisor of --hidden={a.hidden}")
     res = run(a.vocab, a.hidden, a.heads, a.layers, a.loops, a.batch, a.seq_len, a.chunk_size, repeats=a.repeats)
     print_table(res)
-    if a.out:
-        write_report(a.out, "loss_memory", to_report(res, regen_command("loss_memory", argv)))
+    write_report(a.out, "loss_memory", to_report(res, regen_command("loss_memory", argv)))
     return 0
 
 
@@ -322,7 +325,6 @@ def to_report(res: dict, command: str) -> dict:
         rows.append(cells)
     return {
         "title": "Per-loop objective memory (`benchmarks/loss_memory.py`)",
-        "order": 20,
         "command": command,
         "machine": machine(),
         "summary": summary,

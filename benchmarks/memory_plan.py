@@ -1,5 +1,6 @@
 """Per-GPU memory plan of Ouro-1.4B / 2.6B on 8 x H100 (titanloop.train.memory_plan), and of every stage config
-at its sbatch size. Writes benchmarks/results/memory_plan.json.
+at its sbatch size. Writes a new dated record,
+benchmarks/results/<date>-<machine>-memory-plan.json (or --out).
 
     python benchmarks/memory_plan.py [--quick] [--direct-shapes] [--stages gate_stage2.sh,...] [--out f.json]
 
@@ -10,14 +11,13 @@ two processes). Without it the shape table's looped stack is measured at 1 and 2
 to 24 / 48 layers, marked in the row: exact without activation checkpointing, an underestimate with per-loop AC,
 where the step's peak moves between phases as depth grows (stage3_longct: 7.3 GB extrapolated, 38.2 GB direct).
 `--check-depth` measures one configuration at 4 layers directly and reports the extrapolation's error.
-`--keep-existing [--remeasure-stages]` keeps the rows already in --out and measures only the missing ones (or
-every stage row again).
+`--keep-existing RECORD [--remeasure-stages]` keeps the rows of an earlier record and measures only the missing
+ones (or every stage row again).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -27,8 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import regen_command  # noqa: E402
-from benchmarks.report import measured_commit  # noqa: E402
+from benchmarks.common import record_path, regen_command, stamp  # noqa: E402
 
 from titanloop.parallel.activation_checkpoint import describe as describe_ac  # noqa: E402
 from titanloop.train.config import load_config  # noqa: E402
@@ -102,10 +101,7 @@ def shape_overrides(preset: str, n_loops: int, seq: int, ac: str, micro: int) ->
 def write(args, rows, stage_rows, notes) -> None:
     result = {
         "title": "Per-GPU memory plan, 8 x H100 (`benchmarks/memory_plan.py`)",
-        "order": 60,
         "command": regen_command("memory_plan", args.argv),
-        "date": datetime.date.today().isoformat(),
-        "commit": measured_commit("memory_plan"),
         "machine": "2-core development VM, CPU only: fake tensors, nothing allocated",
         "summary": [],
         "tables": [
@@ -140,7 +136,7 @@ def write(args, rows, stage_rows, notes) -> None:
             "what compile saves where the plan models it (not with TP), as its notes say (docs/scaling.md).",
         ],
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(stamp(result), indent=1) + "\n")  # rewritten as rows arrive
 
 
 def main(argv=None) -> int:
@@ -151,8 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows-from", help="a log of an earlier run: its printed shape rows are reused")
     ap.add_argument(
         "--keep-existing",
-        action="store_true",
-        help="keep the rows already in --out; measure only the missing ones (e.g. stage configs added since)",
+        metavar="RECORD",
+        help="keep the rows of this earlier record; measure only the missing ones (e.g. stage configs added since)",
     )
     ap.add_argument(
         "--direct-shapes",
@@ -172,9 +168,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="with --keep-existing: keep the shape rows, measure every stage config again",
     )
-    ap.add_argument("--out", default=str(REPO / "benchmarks/results/memory_plan.json"))
+    ap.add_argument("--out", help="write the record here (default: a new dated record in benchmarks/results/)")
     args = ap.parse_args(argv)
     args.argv = argv
+    args.out = args.out or record_path("memory_plan")
+    if Path(args.out).exists():
+        ap.error(f"{args.out} exists and a record is never overwritten: give another --out")
     only_stages = None if args.stages is None else {x for x in args.stages.split(",") if x}
     rows, stage_rows, notes = [], [], []
     if args.rows_from:
@@ -185,8 +184,8 @@ def main(argv=None) -> int:
             for line in Path(args.rows_from).read_text().splitlines()
             if line.startswith("['ouro-")
         ]
-    if args.keep_existing and Path(args.out).exists():  # rows of an earlier run of this benchmark are kept
-        earlier = json.loads(Path(args.out).read_text())["tables"]
+    if args.keep_existing:  # rows of an earlier run of this benchmark are kept
+        earlier = json.loads(Path(args.keep_existing).read_text())["tables"]
         stage_rows, rows = ([] if args.remeasure_stages else earlier[0]["rows"]), earlier[1]["rows"]
     planned = {r[0] for r in stage_rows}
     for name, config, world, overrides in slurm_stages(REPO, retrofit=False):

@@ -1,6 +1,6 @@
 """titanloop beside nanoGPT on nanoGPT's own CPU example: tinyshakespeare, character level, the "baby GPT" shape.
 
-    python benchmarks/nanogpt.py --nanogpt ~/src/nanoGPT [--runs 3] [--out benchmarks/results/nanogpt.json]
+    python benchmarks/nanogpt.py --nanogpt ~/src/nanoGPT [--runs 3] [--out benchmarks/results/<date>-cpu-nanogpt.json]
 
 nanoGPT comes from the user's checkout (`git clone https://github.com/karpathy/nanoGPT`); nothing of it is copied:
 its train.py runs as published, from a work directory that holds its data files, and its model.py is imported to
@@ -73,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2000, help="training steps of both (default 2000, as published)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads (default: all)")
     p.add_argument("--work", default="runs/bench_nanogpt", help="work directory (default runs/bench_nanogpt)")
-    p.add_argument("--out", default=None, help="write the result json here (e.g. benchmarks/results/nanogpt.json)")
+    p.add_argument(
+        "--out", default=None, help="write the result json here (e.g. benchmarks/results/<date>-cpu-nanogpt.json)"
+    )
     args = p.parse_args(argv)
     d = Path(args.nanogpt)
     missing = [
@@ -301,7 +303,6 @@ def main(argv=None) -> dict:
     if args.out:
         report = {
             "title": "Real text: titanloop beside nanoGPT on tinyshakespeare (CPU)",
-            "order": 3,
             "command": "python benchmarks/nanogpt.py --nanogpt <nanoGPT checkout>"
             + (f" --runs {args.runs}" if args.runs != 3 else "")
             + f" --out {args.out}",

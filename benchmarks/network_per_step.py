@@ -1,6 +1,6 @@
 """Network bytes per optimizer step per GPU for the FSDP stage configs, and the step-time floor at 400 Gb/s.
 
-    python benchmarks/network_per_step.py [--out benchmarks/results/network_per_step.json]
+    python benchmarks/network_per_step.py [--out FILE]
 
 The trainer's step (titanloop.train.memory_plan.measure_step: loop.forward_objective, engine.backward,
 engine.step) runs on fake tensors on the dry run's fake process group, with the collective byte counter
@@ -9,15 +9,14 @@ parameters, fp32 gradient reduction, 4K tokens, micro-batch 1. Measured at 2 and
 T = 1, 4 and 8, 1, 2 and 3 micro-batches; the counts are then extrapolated to each FSDP-only stage config at its
 sbatch size: buffer bytes = fixed + per layer x layers (+ the accumulation surcharge per looped layer when a step
 has >= 2 micro-batches, see the notes in the json), and each GPU sends (N-1)/N of every all-gather /
-reduce-scatter buffer (ring). Writes benchmarks/results/network_per_step.json (--out). Bytes do not depend on
+reduce-scatter buffer (ring). Writes a new dated record,
+benchmarks/results/<date>-<machine>-network-per-step.json (or --out). Bytes do not depend on
 machine load: one run gives them.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
 from collections import Counter
@@ -27,8 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import regen_command  # noqa: E402
-from benchmarks.report import measured_commit  # noqa: E402
+from benchmarks.common import regen_command, write_report  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -72,7 +70,11 @@ def count(world: int, layers: int, n_loops: int, micro_batches: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/network_per_step.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="write the record here (default: a new dated record in benchmarks/results/)",
+    )
     args = p.parse_args(argv)
     base = count(4, 1, 4, 1)
     runs = {
@@ -133,10 +135,7 @@ def main(argv=None) -> int:
         print(rows[-1], flush=True)
     result = {
         "title": "Network bytes per step per GPU, FSDP stages (`benchmarks/network_per_step.py`)",
-        "order": 62,
         "command": regen_command("network_per_step", argv),
-        "date": datetime.date.today().isoformat(),
-        "commit": measured_commit("network_per_step"),
         "machine": "2-core development VM: fake tensors on the fake backend, nothing sent",
         "summary": [
             {"row": f"collective bytes per step {name}", "measured": ok, "target": True, "met": ok}
@@ -186,9 +185,7 @@ def main(argv=None) -> int:
             "the loss all-reduce (a few hundred bytes), overlap of communication with compute.",
         ],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, "network_per_step", result)
     return 0
 
 

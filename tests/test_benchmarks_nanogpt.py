@@ -1,5 +1,6 @@
 """benchmarks/nanogpt.py without a nanoGPT checkout: its argument checks, the held-out scoring both models share,
-nanoGPT's data files, and the summary's verdicts (the measured run is benchmarks/results/nanogpt.json)."""
+nanoGPT's data files, and the summary's verdicts
+(the measured run: benchmarks/results/2026-12-02-cpu-nanogpt.json)."""
 
 import math
 import pickle

@@ -19,7 +19,6 @@ USER_FACING = [
     ":(glob)benchmarks/results/**/README.md",
     "scripts",
     ":(glob)benchmarks/*.py",
-    ":(glob)benchmarks/probes/*.py",
     "titanloop",
     "train_configs",
     "slurm",

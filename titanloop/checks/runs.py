@@ -178,13 +178,19 @@ def git_commit() -> str:
 
 
 def record_path(what: str, device: str) -> Path:
-    """benchmarks/results/gpu/<date>-<device>-<what>.json, the dated record a GPU run writes by default (device: the
-    first model number of its name, e.g. h100 for "NVIDIA H100 80GB HBM3"; cpu without one)."""
+    """benchmarks/results/<date>-<device>-<what>.json, the dated record a GPU run writes by default (device: the
+    first model number of its name, e.g. h100 for "NVIDIA H100 80GB HBM3"; cpu without one), with -2, -3, ...
+    appended when that record exists: a new run never overwrites a record."""
     import datetime
 
     model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", device.upper())
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return ROOT / "benchmarks" / "results" / "gpu" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}.json"
+    base = ROOT / "benchmarks" / "results" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}"
+    path, n = base.with_name(base.name + ".json"), 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}.json")
+    return path
 
 
 def benchmark_parser(prog: str, doc: str, what: str):
@@ -199,7 +205,7 @@ def benchmark_parser(prog: str, doc: str, what: str):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--smoke", action="store_true", help="the CPU at tiny sizes (numbers meaningless)")
-    p.add_argument("--out", type=Path, default=None, help=f"result json (default: benchmarks/results/gpu/<date>-"
+    p.add_argument("--out", type=Path, default=None, help=f"result json (default: benchmarks/results/<date>-"
                    f"<device>-{what}.json; --smoke: in the temporary directory)")  # fmt: skip
     p.set_defaults(record=what)
     return p
