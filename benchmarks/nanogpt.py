@@ -243,16 +243,24 @@ def op_profile(args, tokenizer: str) -> dict:
             for _ in range(10):
                 step()
         events = prof.key_averages()
-        ms = lambda keep: sum(e.self_cpu_time_total for e in events if keep(e.key)) / 10 / 1000  # noqa: E731
-        out[name] = {
-            "aten_calls": round(sum(e.count for e in events) / 10),
-            "matmul_ms": round(ms(lambda k: k in ("aten::mm", "aten::addmm", "aten::bmm")), 2),
-            "attention_ms": round(ms(lambda k: "scaled_dot_product" in k), 2),
-            "other_ms": round(
-                ms(lambda k: k not in ("aten::mm", "aten::addmm", "aten::bmm") and "scaled_dot" not in k), 2
-            ),
-        }
+        ms = {kind: 0.0 for kind in (*OP_KINDS, "other")}
+        for e in events:
+            ms[op_kind(e.key)] += e.self_cpu_time_total / 10 / 1000
+        out[name] = {"aten_calls": round(sum(e.count for e in events) / 10)}
+        out[name].update({f"{kind}_ms": round(v, 2) for kind, v in ms.items()})
     return out
+
+
+# The kinds of ATen op a profiled step's CPU time is split into (everything else is "other").
+OP_KINDS = {
+    "matmul": lambda op: op in ("aten::mm", "aten::addmm", "aten::bmm"),
+    "attention": lambda op: "scaled_dot_product" in op,
+}
+
+
+def op_kind(op: str) -> str:
+    """The OP_KINDS kind of ATen op `op` (first match), else "other"."""
+    return next((kind for kind, match in OP_KINDS.items() if match(op)), "other")
 
 
 def main(argv=None) -> dict:

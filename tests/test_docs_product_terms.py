@@ -16,6 +16,7 @@ USER_FACING = [
     "README.md",
     "BENCHMARKS.md",
     ":(glob)docs/**/*.md",
+    "benchmarks/README.md",
     ":(glob)benchmarks/results/**/README.md",
     "scripts",
     ":(glob)benchmarks/*.py",
