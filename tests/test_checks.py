@@ -266,10 +266,10 @@ def test_the_json_follows_the_report_schema_and_renders(tmp_path):
     )
     assert doc["tables"][1]["rows"][0][:7] == [4, "bf16", "loop", "9,000", "41.0", "30.00", "28.00"]
     assert doc["machine"] == "8 x NVIDIA H200, torch 2.11.0" and doc["commit"] == "abc"
-    (tmp_path / "gpu").mkdir()
-    (tmp_path / "gpu" / "2026-12-01-h200-check.json").write_text(json.dumps(doc))
-    text = report.render(report.load_results(tmp_path), measures={"gpu_check": ["titanloop/checks/"]})
-    assert "| checks passed ([gpu/2026-12-01-h200-check](#gpu-2026-12-01-h200-check)) | 1/1 | all | yes |" in text
+    name = f"{doc['date']}-h200-check"  # the dated record a GPU run writes
+    (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    text = report.render(report.load_results(tmp_path))
+    assert f"| checks passed ([{name}](#{name})) | 1/1 | all | yes | {doc['date']} | abc | h200 |" in text
 
 
 # ----- the wrapper ------------------------------------------------------------------------------------------------
