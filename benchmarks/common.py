@@ -170,20 +170,15 @@ def machine_slug() -> str:
 
 
 def record_path(what: str, results=None):
-    """benchmarks/results/<today>-<machine>-<what>.json, or with -2, -3, ... appended when that record exists: a
-    new run adds a record and never overwrites one."""
+    """A new record's path, benchmarks/results/<today>-<machine>-<what>.json (fresh_path: never an existing one)."""
     import datetime
     from pathlib import Path
 
     from benchmarks.report import RESULTS
+    from titanloop.checks.runs import fresh_path
 
-    base = f"{datetime.date.today().isoformat()}-{machine_slug()}-{what.replace('_', '-')}"
-    results = Path(results or RESULTS)
-    path, n = results / f"{base}.json", 1
-    while path.exists():
-        n += 1
-        path = results / f"{base}-{n}.json"
-    return path
+    name = f"{datetime.date.today().isoformat()}-{machine_slug()}-{what.replace('_', '-')}.json"
+    return fresh_path(Path(results or RESULTS) / name)
 
 
 def head_commit() -> str:
@@ -211,20 +206,20 @@ def stamp(report: dict) -> dict:
 
 def write_report(path, what: str, report: dict) -> dict:
     """Add date, commit and torch to a record (benchmarks/report.py schema), check it and write it: to `path`, or
-    by default to a new dated record, benchmarks/results/<date>-<machine>-<what>.json. Never overwrites a file."""
+    by default to a new dated record, benchmarks/results/<date>-<machine>-<what>.json. Never overwrites a file: when
+    `path` exists, the record goes beside it (fresh_path) and a line says where."""
     import json
     import sys
-    from pathlib import Path
 
     from benchmarks.report import validate
+    from titanloop.checks.runs import fresh_path
 
     report = stamp(report)
-    path = Path(path) if path else record_path(what)
-    validate(path, report)
-    if path.exists():
-        sys.exit(f"error: {path} exists and a record is never overwritten: give another --out, or none for a new "
-                 "dated record")  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    out = fresh_path(path) if path else record_path(what)
+    validate(out, report)
+    if path and str(out) != str(path):
+        print(f"{path} exists and a record is never overwritten: writing {out}", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
     return report

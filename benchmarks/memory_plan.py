@@ -44,6 +44,7 @@ from benchmarks.common import record_path, regen_command, stamp, write_report  #
 
 import torch  # noqa: E402
 
+from titanloop.checks.runs import fresh_path  # noqa: E402
 from titanloop.parallel.activation_checkpoint import describe as describe_ac  # noqa: E402
 from titanloop.train.config import load_config  # noqa: E402
 from titanloop.train.dry_run import fake_mesh, plan_of, slurm_stages  # noqa: E402
@@ -336,9 +337,7 @@ def main(argv=None) -> int:
     args.argv = argv
     if args.network:
         return network(args, argv)
-    args.out = args.out or record_path("memory_plan")
-    if Path(args.out).exists():
-        ap.error(f"{args.out} exists and a record is never overwritten: give another --out")
+    args.out = fresh_path(args.out) if args.out else record_path("memory_plan")  # never an existing record
     only_stages = None if args.stages is None else {x for x in args.stages.split(",") if x}
     rows, stage_rows, notes = [], [], []
     if args.rows_from:

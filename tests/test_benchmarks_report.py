@@ -185,6 +185,5 @@ def test_a_new_run_adds_a_record_and_never_overwrites_one(tmp_path, monkeypatch)
     assert second.name == first.name.replace(".json", "-2.json")
     written = json.loads(first.read_text())
     assert {"date", "commit", "torch"} <= set(written) and len(written["commit"]) == 40
-    with pytest.raises(SystemExit, match="never overwritten"):
-        common.write_report(first, "loss_memory", rec)
-    assert json.loads(first.read_text()) == written
+    common.write_report(first, "loss_memory", {**rec, "title": "again"})  # an explicit --out that exists
+    assert json.loads(first.read_text()) == written and json.loads(second.read_text())["title"] == "again"

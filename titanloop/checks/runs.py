@@ -185,11 +185,15 @@ def record_path(what: str, device: str) -> Path:
 
     model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", device.upper())
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    base = ROOT / "benchmarks" / "results" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}"
-    path, n = base.with_name(base.name + ".json"), 1
+    return fresh_path(ROOT / "benchmarks" / "results" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}.json")
+
+
+def fresh_path(path: Path) -> Path:
+    """`path`, or with -2, -3, ... appended to its stem when that file exists: a record is never overwritten."""
+    path, n, stem = Path(path), 1, Path(path).stem
     while path.exists():
         n += 1
-        path = base.with_name(f"{base.name}-{n}.json")
+        path = path.with_name(f"{stem}-{n}{path.suffix}")
     return path
 
 
@@ -216,5 +220,5 @@ def out_path(a, machine: str) -> Path:
     import tempfile
 
     if a.out is not None:
-        return a.out
+        return fresh_path(a.out)  # a run never overwrites an earlier json
     return Path(tempfile.gettempdir()) / f"{a.record}-smoke.json" if a.smoke else record_path(a.record, machine)
