@@ -87,7 +87,7 @@ def test_each_benchmark_writes_a_record_at_tiny_sizes(tmp_path, what):
     script, *args = TINY[what]
     cmd = [sys.executable, f"benchmarks/{script}.py", *args, "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = validate(out, json.loads(out.read_text()))
     assert record["command"] == shlex.join(["python", f"benchmarks/{script}.py", *args])
