@@ -11,15 +11,24 @@ buffers on the first async save), alternately:
 Also the load time of the last checkpoint. Target: async stall <= 25% of the sync save time, judged on the
 median over repeats of each repeat's stall / sync ratio (min / median / max reported: it depends on machine load).
 
-    python benchmarks/checkpoint.py [--hidden 512] [--layers 4] [--vocab 16384] [--repeats 5] [--out f.json]
+--verify: save / verify / load seconds per GB at 1 and 2 ranks (an FSDP2-sharded model with AdamW state, torchrun
+launched by the script), to show that the crc32 check before a load is spread over the ranks (Checkpointer.verify).
+Times are wall seconds on this machine's disk (page cache warm), so the ratios between ranks matter, not the GB/s.
 
---out writes the result in the benchmarks/report.py schema (the script's raw figures under "result").
+    python benchmarks/checkpoint.py [--hidden 512] [--layers 4] [--vocab 16384] [--repeats 5]
+    python benchmarks/checkpoint.py --verify [--hidden 768] [--layers 4] [--repeats 3]
+
+Each writes a new dated record, benchmarks/results/<date>-<machine>-checkpoint[-verify].json (or --out), the
+script's raw figures under "result".
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +43,7 @@ from titanloop.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
 from titanloop.model import LoopLMConfig, build_looplm  # noqa: E402
 
 TARGET = 0.25
+REPO = Path(__file__).resolve().parents[1]
 
 
 def train_step(model, opt, ids):
@@ -46,14 +56,20 @@ def train_step(model, opt, ids):
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--verify", action="store_true", help="save / verify / load s/GB at 1 and 2 ranks")
+    ap.add_argument("--hidden", type=int, default=None, help="default 512 (--verify: 768)")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=16384)
-    ap.add_argument("--repeats", type=int, default=5, help="saves per mode (alternating sync/async)")
-    ap.add_argument("--out", help="write the report json (benchmarks/report.py schema) here")
+    ap.add_argument("--vocab", type=int, default=16384, help="(not --verify: 32768)")
+    ap.add_argument("--repeats", type=int, default=None, help="saves per mode, alternating (default 5; --verify: "
+                    "save / verify / load cycles per world size, default 3)")  # fmt: skip
+    ap.add_argument("--out", help="write the record here (default: a new dated record in benchmarks/results/)")
     args = ap.parse_args(argv)
+    args.hidden = args.hidden or (768 if args.verify else 512)
+    args.repeats = args.repeats or (3 if args.verify else 5)
     if min(args.hidden, args.layers, args.vocab, args.repeats) < 1 or args.hidden % 8:
         raise SystemExit("error: --hidden must be a positive multiple of 8; --layers, --vocab, --repeats >= 1")
+    if args.verify:
+        return verify(args, argv)
 
     torch.manual_seed(0)
     cfg = LoopLMConfig(
@@ -160,8 +176,113 @@ def main(argv: list[str] | None = None) -> dict:
         f"max {fmt_spread(result['stall_ratio_spread'])}; target <= {TARGET}: "
         f"{'met' if result['meets_target'] else 'NOT met'})"
     )
-    if args.out:
-        write_report(args.out, "checkpoint", to_report(result, regen_command("checkpoint", argv)))
+    write_report(args.out, "checkpoint", to_report(result, regen_command("checkpoint", argv)))
+    return result
+
+
+def verify_worker(hidden: int, layers: int, out: str, repeats: int = 1) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from titanloop.checkpoint import CheckpointConfig, Checkpointer, layout
+    from titanloop.train.config import load_config
+    from titanloop.train.engines import build_engine
+    from titanloop.train.startup import build_model, init_mesh
+
+    world = int(os.environ["WORLD_SIZE"])
+    cfg = load_config(
+        None,
+        [
+            "--model.preset",
+            "debug-tiny",
+            "--model.hidden_size",
+            str(hidden),
+            "--model.ffn_hidden_size",
+            str(hidden * 3),
+            "--model.n_layers",
+            str(layers),
+            "--model.vocab_size",
+            "32768",
+            "--training.global_batch_size",
+            str(4 * world),
+            "--training.micro_batch_size",
+            "4",
+        ],
+        world_size=world,
+    )
+    mesh = init_mesh(cfg)
+    engine = build_engine(cfg.engine_settings(), build_model(cfg), mesh, torch.float32)
+    for p in engine.model.parameters():  # create the AdamW state
+        p.grad = torch.zeros_like(p)
+    engine.step(float("inf"))
+    run_dir = Path(out).parent / "run"
+    ckpt_cfg = CheckpointConfig(enable=True, mode="sync", keep_latest_k=2)
+    ckpt = Checkpointer(ckpt_cfg, run_dir, engine.checkpoint_states())
+    times = {"save": [], "verify": [], "load": []}
+    for step in range(1, repeats + 1):
+        step_dir = ckpt.root / layout.step_dir_name(step)
+        for name in ("save", "verify", "load"):
+            if name == "save":
+                fn = lambda: ckpt.save(step, sync=True)  # noqa: E731
+            elif name == "verify":
+                manifest = layout.read_manifest(step_dir)
+                fn = lambda: ckpt.verify(step_dir, manifest)  # noqa: E731
+            else:
+                fn = lambda: ckpt.load(step)  # noqa: E731
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            dist.barrier()
+            times[name].append(time.perf_counter() - start)
+    size = sum(f.stat().st_size for f in (ckpt.root / layout.step_dir_name(repeats)).iterdir())
+    ckpt.close()
+    if mesh.rank == 0:
+        Path(out).write_text(json.dumps({"world": world, "bytes": size, **times}))
+    dist.destroy_process_group()
+
+
+def verify(args, argv) -> dict:
+    """Save / verify / load seconds per GB at 1 and 2 ranks, each a torchrun of this script's worker."""
+    from titanloop.train.launch import torchrun
+
+    rows, raw = [], []
+    for world in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "times.json"
+            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+            subprocess.run(
+                torchrun(world, __file__, "--worker", str(args.hidden), str(args.layers), str(out), str(args.repeats)),
+                env=env,
+                check=True,
+            )
+            r = json.loads(out.read_text())
+        raw.append(r)
+        gb = r["bytes"] / 1e9
+        per_gb = [fmt_spread(spread([t / gb for t in r[k]]), ".2f") for k in ("save", "verify", "load")]
+        rows.append([world, f"{gb:.2f}", *per_gb])
+        print(rows[-1], flush=True)
+    result = {
+        "title": "Checkpoint save / verify / load, seconds per GB (`benchmarks/checkpoint.py --verify`)",
+        "command": regen_command("checkpoint", argv),
+        "machine": machine() + ", gloo, local disk",
+        "summary": [],
+        "tables": [
+            {
+                "title": f"LoopLM hidden {args.hidden}, {args.layers} layers, vocab 32768, FSDP2 over the ranks, "
+                "AdamW state; sync save (DCP write + fsync + crc32 + publish), verify (sizes + crc32 "
+                "of this rank's share, Checkpointer.verify), load (verify + DCP read); each cell min / median / max "
+                f"over {args.repeats} cycles:",
+                "columns": ["ranks", "checkpoint GB", "save s/GB", "verify s/GB", "load s/GB"],
+                "rows": rows,
+            }
+        ],
+        "notes": [
+            "verify is the slowest rank's share: with N ranks each reads ~1/N of the bytes; before this change "
+            "rank 0 read all of them."
+        ],
+        "result": {"runs": raw, "repeats": args.repeats},
+    }
+    write_report(args.out, "checkpoint_verify", result)
     return result
 
 
@@ -171,7 +292,6 @@ def to_report(res: dict, command: str) -> dict:
     r = res["stall_ratio_spread"]
     return {
         "title": "Checkpoint: async save stall (`benchmarks/checkpoint.py`)",
-        "order": 60,
         "command": command,
         "machine": machine(),
         "summary": [
@@ -219,4 +339,9 @@ def to_report(res: dict, command: str) -> dict:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        from titanloop.train.process_exit import exit_without_teardown
+
+        verify_worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+        exit_without_teardown(0)  # a gloo rank: its native threads can abort the teardown (SIGABRT)
     main()

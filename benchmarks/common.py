@@ -96,16 +96,6 @@ def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 5) -> dict
     return time_repeated({"fn": fn}, warmup, repeats)["fn"]
 
 
-def emit(result: dict, print_table: Callable[[dict], None], out=None) -> None:
-    """Print a benchmark's table and, if `out` is given, write its result as JSON there."""
-    import json
-    from pathlib import Path
-
-    print_table(result)
-    if out:
-        Path(out).write_text(json.dumps(result, indent=2))
-
-
 def training_step(model, ids: torch.Tensor, n_loops: int) -> Callable[[], float]:
     """One forward + stage-1 loss + backward of a LoopLM on fixed token ids (the step the speed benchmarks time)."""
     from titanloop.objectives import per_loop_cross_entropy, stage1_loss
@@ -141,9 +131,9 @@ def fmt_spread(s: dict, fmt: str = ".3f") -> str:
     return " / ".join(format(s[k], fmt) for k in ("min", "median", "max"))
 
 
-def regen_command(script: str, argv: list[str] | None, result: str | None = None) -> str:
-    """The exact command that regenerates benchmarks/results/<result>.json: `argv` without its --out, plus
-    --out benchmarks/results/<result>.json (result defaults to the script's name)."""
+def regen_command(script: str, argv: list[str] | None) -> str:
+    """The command that measured a record: `python benchmarks/<script>.py` with `argv` (sys.argv's by default)
+    without its --out, which only chose where the record went."""
     import shlex
     import sys
 
@@ -156,8 +146,7 @@ def regen_command(script: str, argv: list[str] | None, result: str | None = None
             skip = True
         elif not a.startswith("--out="):
             kept.append(a)
-    out = f"benchmarks/results/{result or script}.json"
-    return shlex.join(["python", f"benchmarks/{script}.py", *kept, "--out", out])
+    return shlex.join(["python", f"benchmarks/{script}.py", *kept])
 
 
 def machine() -> str:
@@ -169,19 +158,68 @@ def machine() -> str:
     return f"{os.cpu_count()}-core machine, {gpu}, torch {torch.__version__}, load average {load:.1f} at the end"
 
 
-def write_report(path, name: str, report: dict) -> dict:
-    """Add date and commit (benchmarks.report.measured_commit) to a report-schema dict, check it against the
-    schema (benchmarks.report.validate) and write it to `path`."""
+def machine_slug() -> str:
+    """The machine part of a record's name: the GPU's model in lower case ("h100"), or "cpu"."""
+    import re
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0)
+    m = re.search(r"\b([A-Z]+\d+[A-Za-z]*)\b", name.replace("NVIDIA", ""))
+    return (m.group(1) if m else re.sub(r"[^a-z0-9]+", "", name.lower()) or "gpu").lower()
+
+
+def record_path(what: str, results=None):
+    """A new record's path, benchmarks/results/<today>-<machine>-<what>.json (fresh_path: never an existing one)."""
     import datetime
-    import json
     from pathlib import Path
 
-    from benchmarks.report import measured_commit, validate
+    from benchmarks.report import RESULTS
+    from titanloop.checks.runs import fresh_path
 
-    report = {**report, "date": datetime.date.today().isoformat(), "commit": measured_commit(name)}
-    path = Path(path)
-    validate(path.with_name(f"{name}.json"), report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    name = f"{datetime.date.today().isoformat()}-{machine_slug()}-{what.replace('_', '-')}.json"
+    return fresh_path(Path(results or RESULTS) / name)
+
+
+def head_commit() -> str:
+    """The commit measured (HEAD, full hash); a warning when the working tree has uncommitted changes, which the
+    record cannot name."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(repo)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    if dirty.stdout.strip():
+        print(f"warning: uncommitted changes: the record names commit {head[:10]}, not what ran", file=sys.stderr)
+    return head or "unknown"
+
+
+def stamp(report: dict) -> dict:
+    """A record with its date, commit and torch added."""
+    import datetime
+
+    return {**report, "date": datetime.date.today().isoformat(), "commit": head_commit(), "torch": torch.__version__}
+
+
+def write_report(path, what: str, report: dict) -> dict:
+    """Add date, commit and torch to a record (benchmarks/report.py schema), check it and write it: to `path`, or
+    by default to a new dated record, benchmarks/results/<date>-<machine>-<what>.json. Never overwrites a file: when
+    `path` exists, the record goes beside it (fresh_path) and a line says where."""
+    import json
+    import sys
+
+    from benchmarks.report import validate
+    from titanloop.checks.runs import fresh_path
+
+    report = stamp(report)
+    out = fresh_path(path) if path else record_path(what)
+    validate(out, report)
+    if path and str(out) != str(path):
+        print(f"{path} exists and a record is never overwritten: writing {out}", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
     return report

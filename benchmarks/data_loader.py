@@ -3,9 +3,9 @@ the tokens/s the models consume; and (--locality) read amplification at 1 to 102
 
     python benchmarks/data_loader.py [--tokens 24000000] [--seq-len 4096] [--micro-batch 4] [--repeats 3]
                                      [--out loader.json]
-    python benchmarks/data_loader.py --locality [--seq-len 4096] --out benchmarks/results/data_locality.json
+    python benchmarks/data_loader.py --locality [--seq-len 4096]     # a new dated record
 
-Both modes write --out in the benchmarks/report.py schema (the script's raw figures under "result"). Tokens/s
+Both modes write a new dated record (or --out; the script's raw figures under "result"). Tokens/s
 depend on machine load: each of --repeats rounds reads one full epoch of each format (formats alternating) and
 measures the debug-tiny model once; ratios are min / median / max over rounds, the target judged on the median.
 
@@ -29,7 +29,6 @@ Consumption figures:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -39,7 +38,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import fmt_spread, machine, regen_command, spread, write_report  # noqa: E402
-from benchmarks.report import measured_commit  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -201,7 +199,6 @@ def to_report(res: dict, command: str) -> dict:
     block_kib = res["shuffle_block"] * res["seq_len"] * 2 / 1024
     return {
         "title": "Data loader (`benchmarks/data_loader.py`)",
-        "order": 50,
         "command": command,
         "machine": machine(),
         "summary": [
@@ -336,10 +333,7 @@ def locality(
     ]
     return {
         "title": "Data locality: read amplification at 1 to 1024 ranks (`benchmarks/data_loader.py --locality`)",
-        "order": 51,
-        "command": command or regen_command("data_loader", ["--locality"], "data_locality"),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": measured_commit("data_locality"),
+        "command": command or regen_command("data_loader", ["--locality"]),
         "machine": machine() + " (bytes are exact; no timing is reported)",
         "summary": [
             {
@@ -388,14 +382,16 @@ def main(argv=None) -> None:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--data-dir", default=None, help="keep/reuse the generated shard sets here")
     p.add_argument("--repeats", type=int, default=3, help="rounds (one full epoch per format each); not --locality")
-    p.add_argument("--out", default=None, help="write the report json (benchmarks/report.py schema) here")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write the record here (default: a new dated record in benchmarks/results/)",
+    )
     p.add_argument("--locality", action="store_true", help="measure read amplification at 1-1024 simulated ranks")
     a = p.parse_args(argv)
     if a.locality:
-        report = locality(a.data_dir, a.seq_len, command=regen_command("data_loader", argv, "data_locality"))
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(report, f, indent=1)
+        report = locality(a.data_dir, a.seq_len, command=regen_command("data_loader", argv))
+        write_report(a.out, "data_locality", report)
         return
     if a.tokens < 8 * (a.seq_len + 1):
         raise SystemExit(f"error: --tokens={a.tokens} is too small: expected >= 8 rows of --seq-len+1 tokens")
@@ -403,8 +399,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: --repeats={a.repeats} is invalid: expected >= 1")
     res = run(a.tokens, a.seq_len, a.micro_batch, a.data_dir, a.repeats)
     print_table(res)
-    if a.out:
-        write_report(a.out, "data_loader", to_report(res, regen_command("data_loader", argv)))
+    write_report(a.out, "data_loader", to_report(res, regen_command("data_loader", argv)))
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     machine = "CPU (smoke run)" if a.smoke else f"1 x {torch.cuda.get_device_name(0)}"
     doc = {
-        "title": "Evaluation and generation speed", "kind": "eval_speed", "order": 8,
+        "title": "Evaluation and generation speed", "torch": torch.__version__,
         "command": shlex.join(["python", "benchmarks/eval_speed.py", *argv]), "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "machine": f"{machine}, torch {torch.__version__}",

@@ -1,6 +1,6 @@
 """titanloop beside nanoGPT on nanoGPT's own CPU example: tinyshakespeare, character level, the "baby GPT" shape.
 
-    python benchmarks/nanogpt.py --nanogpt ~/src/nanoGPT [--runs 3] [--out benchmarks/results/nanogpt.json]
+    python benchmarks/nanogpt.py --nanogpt ~/src/nanoGPT [--runs 3] [--out benchmarks/results/<date>-cpu-nanogpt.json]
 
 nanoGPT comes from the user's checkout (`git clone https://github.com/karpathy/nanoGPT`); nothing of it is copied:
 its train.py runs as published, from a work directory that holds its data files, and its model.py is imported to
@@ -73,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2000, help="training steps of both (default 2000, as published)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads (default: all)")
     p.add_argument("--work", default="runs/bench_nanogpt", help="work directory (default runs/bench_nanogpt)")
-    p.add_argument("--out", default=None, help="write the result json here (e.g. benchmarks/results/nanogpt.json)")
+    p.add_argument(
+        "--out", default=None, help="write the result json here (e.g. benchmarks/results/<date>-cpu-nanogpt.json)"
+    )
     args = p.parse_args(argv)
     d = Path(args.nanogpt)
     missing = [
@@ -241,16 +243,24 @@ def op_profile(args, tokenizer: str) -> dict:
             for _ in range(10):
                 step()
         events = prof.key_averages()
-        ms = lambda keep: sum(e.self_cpu_time_total for e in events if keep(e.key)) / 10 / 1000  # noqa: E731
-        out[name] = {
-            "aten_calls": round(sum(e.count for e in events) / 10),
-            "matmul_ms": round(ms(lambda k: k in ("aten::mm", "aten::addmm", "aten::bmm")), 2),
-            "attention_ms": round(ms(lambda k: "scaled_dot_product" in k), 2),
-            "other_ms": round(
-                ms(lambda k: k not in ("aten::mm", "aten::addmm", "aten::bmm") and "scaled_dot" not in k), 2
-            ),
-        }
+        ms = {kind: 0.0 for kind in (*OP_KINDS, "other")}
+        for e in events:
+            ms[op_kind(e.key)] += e.self_cpu_time_total / 10 / 1000
+        out[name] = {"aten_calls": round(sum(e.count for e in events) / 10)}
+        out[name].update({f"{kind}_ms": round(v, 2) for kind, v in ms.items()})
     return out
+
+
+# The kinds of ATen op a profiled step's CPU time is split into (everything else is "other").
+OP_KINDS = {
+    "matmul": lambda op: op in ("aten::mm", "aten::addmm", "aten::bmm"),
+    "attention": lambda op: "scaled_dot_product" in op,
+}
+
+
+def op_kind(op: str) -> str:
+    """The OP_KINDS kind of ATen op `op` (first match), else "other"."""
+    return next((kind for kind, match in OP_KINDS.items() if match(op)), "other")
 
 
 def main(argv=None) -> dict:
@@ -301,7 +311,6 @@ def main(argv=None) -> dict:
     if args.out:
         report = {
             "title": "Real text: titanloop beside nanoGPT on tinyshakespeare (CPU)",
-            "order": 3,
             "command": "python benchmarks/nanogpt.py --nanogpt <nanoGPT checkout>"
             + (f" --runs {args.runs}" if args.runs != 3 else "")
             + f" --out {args.out}",

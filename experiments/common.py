@@ -112,12 +112,13 @@ def run_options(args: argparse.Namespace) -> dict:
     return {"nproc": args.nproc, "keep_finished": args.keep_finished}
 
 
-def train_many(jobs: list[tuple], parallel: int = 1, nproc: int = 1, keep_finished: bool = False) -> list[Path]:
-    """train(config, run_dir, overrides) for each (config, run_dir, overrides) job, `parallel` at a time."""
+def train_many(jobs: list[tuple], parallel: int = 1, **options) -> list[Path]:
+    """train(config, run_dir, overrides, **options) for each (config, run_dir, overrides) job, `parallel` at a time;
+    `options` are train()'s keywords, run_options(args) for an experiment's flags."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(lambda job: train(*job, nproc=nproc, keep_finished=keep_finished), jobs))
+        return list(pool.map(lambda job: train(*job, **options), jobs))
 
 
 def metrics(run_dir: str | os.PathLike) -> list[dict]:

@@ -23,4 +23,4 @@ def test_smoke_sweeps_the_tokens_asked_for_and_generates_at_both_batches(tmp_pat
     doc = validate(out, json.loads(out.read_text()))
     sweep, gen = doc["result"]["sweep"], doc["result"]["generation"]
     assert sweep["tokens"] >= 300 and sweep["loops"] == list(range(1, 9)) and sweep["peak_gpu_gb"] is None
-    assert [g["batch"] for g in gen] == [1, 16] and doc["kind"] == "eval_speed"
+    assert [g["batch"] for g in gen] == [1, 16] and doc["title"] == "Evaluation and generation speed" and doc["torch"]

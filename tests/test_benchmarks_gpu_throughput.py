@@ -279,5 +279,5 @@ def test_smoke_run_through_the_command_line(tmp_path):
     assert [r["status"] for r in runs] == ["ok", "ok", "unsupported"] and runs[0]["mfu"] is None  # the CPU: n/a
     assert "activation_checkpoint='no-such-policy' is invalid" in runs[2]["reason"]
     assert "float8_vs_bf16" in runs[1]["profile"] and len(list(art.glob("trace_*.json.gz"))) == 2
-    assert doc["kind"] == "gpu_throughput" and [t["title"][:8] for t in doc["tables"][:3]] == [
+    assert doc["title"] == "GPU throughput" and doc["torch"] and [t["title"][:8] for t in doc["tables"][:3]] == [
         "Training", "Profile ", "Top kern"]  # fmt: skip

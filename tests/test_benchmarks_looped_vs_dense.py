@@ -1,5 +1,5 @@
-"""benchmarks/looped_vs_dense.py and its torchtitan harness (benchmarks/torchtitan_dense.py) without a GPU: the
-dense model's layer count at equal FLOPs per token, torchtitan's logged numbers read back, the baseline falling back
+"""benchmarks/gpu_throughput.py --vs-dense and its torchtitan harness (benchmarks/torchtitan_dense.py) without a GPU:
+the dense model's layer count at equal FLOPs per token, torchtitan's logged numbers read back, the baseline falling back
 to titanloop's own dense model when torchtitan fails, the harness's pieces, and (slow) the --smoke run on the CPU."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import looped_vs_dense as lvd
+from benchmarks import gpu_throughput as lvd
 from benchmarks import torchtitan_dense as td
 from benchmarks.report import validate
 from titanloop.model.config import preset
@@ -48,7 +48,7 @@ def test_a_failed_torchtitan_run_falls_back_to_titanloops_dense_model(tmp_path, 
         "status": "ok", "tokens_per_s_gpu": 1000.0 * t, "peak_gib": None})  # fmt: skip
     monkeypatch.setattr(lvd, "run_torchtitan", lambda a, w, name, layers: {"status": "failed", "reason": "exit 1: x"})
     out = tmp_path / "lvd.json"
-    assert lvd.main(["--smoke", "--launches", "2", "--out", str(out)]) == 0
+    assert lvd.main(["--vs-dense", "--smoke", "--launches", "2", "--out", str(out)]) == 0
     doc = validate(out, json.loads(out.read_text()))
     assert [c[0] for c in calls] == ["looped-1", "titanloop-dense-1", "looped-2", "titanloop-dense-2"]
     assert doc["summary"][0]["measured"] == 4.0 and doc["summary"][0]["met"]  # T = 4 against T = 1, per the fake
@@ -120,7 +120,8 @@ def test_smoke_run_through_the_command_line(tmp_path):
     out = tmp_path / "lvd.json"
     cmd = [
         sys.executable,
-        "benchmarks/looped_vs_dense.py",
+        "benchmarks/gpu_throughput.py",
+        "--vs-dense",
         "--smoke",
         "--launches",
         "1",

@@ -1,5 +1,6 @@
 """benchmarks/nanogpt.py without a nanoGPT checkout: its argument checks, the held-out scoring both models share,
-nanoGPT's data files, and the summary's verdicts (the measured run is benchmarks/results/nanogpt.json)."""
+nanoGPT's data files, and the summary's verdicts
+(the measured run: benchmarks/results/2026-12-02-cpu-nanogpt.json)."""
 
 import math
 import pickle
@@ -61,3 +62,11 @@ def test_summary_verdicts_follow_the_numbers():
     assert good["summary"][1]["measured"] == 1.025  # the median run's ratio
     slow = nanogpt.summarize(args, [run(0, 1.90, 15000.0)])
     assert [r["met"] for r in slow["summary"][:2]] == [False, False] and slow["summary"][2]["measured"] == 1.5
+
+
+def test_the_op_profile_splits_aten_ops_into_its_named_kinds():
+    """Each profiled op counts once, in the first kind it matches (the op names are named once, in OP_KINDS)."""
+    kinds = {op: nanogpt.op_kind(op) for op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul")}
+    assert kinds == {"aten::mm": "matmul", "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::matmul": "other"}
+    assert nanogpt.op_kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert nanogpt.op_kind("aten::add_") == "other" and list(nanogpt.OP_KINDS) == ["matmul", "attention"]

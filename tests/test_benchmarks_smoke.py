@@ -1,9 +1,11 @@
 """Smoke tests of the benchmark scripts at tiny sizes (the real runs are in the scripts' docstrings)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,3 +62,33 @@ def test_loss_memory_smoke(tmp_path, capsys):
     assert res["ratios"]["per_loop_fused/final_only_fused"] <= 1.15
     assert res["ratios"]["per_loop_fused/per_loop"] <= 1.0
     assert "per_loop/final_only" in capsys.readouterr().out
+
+
+# The benchmarks without a test of their own, at their smallest sizes (numbers meaningless): each writes a valid
+# record naming the command that measured it (without --out), its date, commit and torch.
+TINY = {
+    "activation_checkpointing": ["loss_memory", "--ac", "--loops", "1", "2", "--hidden", "64", "--vocab", "512"]
+    + ["--seq-len", "32", "--batch", "2", "--repeats", "2"],
+    "checkpoint_verify": ["checkpoint", "--verify", "--hidden", "64", "--layers", "1", "--repeats", "2"],
+    "network_per_step": ["memory_plan", "--network"],
+    "memory_plan": ["memory_plan", "--quick", "--stages", ""],
+    "data_locality": ["data_loader", "--locality", "--seq-len", "256"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", TINY)
+def test_each_benchmark_writes_a_record_at_tiny_sizes(tmp_path, what):
+    import shlex
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "record.json"
+    script, *args = TINY[what]
+    cmd = [sys.executable, f"benchmarks/{script}.py", *args, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = validate(out, json.loads(out.read_text()))
+    assert record["command"] == shlex.join(["python", f"benchmarks/{script}.py", *args])
+    assert len(record["commit"]) == 40 and record["torch"] == torch.__version__ and record["date"][:2] == "20"

@@ -259,13 +259,17 @@ def test_the_json_follows_the_report_schema_and_renders(tmp_path):
     report.validate(Path("x.json"), doc)
     rows = {r["row"]: r for r in doc["summary"]}
     assert rows["checks passed"]["measured"] == "1/1" and rows["checks passed"]["met"]
-    assert rows["float8 tensorwise / bf16 tokens/s, T=4"]["measured"] == 1.1 and doc["kind"] == "gpu_check"
+    assert (
+        rows["float8 tensorwise / bf16 tokens/s, T=4"]["measured"] == 1.1
+        and doc["title"].startswith("GPU check")
+        and doc["torch"]
+    )
     assert doc["tables"][1]["rows"][0][:7] == [4, "bf16", "loop", "9,000", "41.0", "30.00", "28.00"]
     assert doc["machine"] == "8 x NVIDIA H200, torch 2.11.0" and doc["commit"] == "abc"
-    (tmp_path / "gpu").mkdir()
-    (tmp_path / "gpu" / "2026-12-01-h200-check.json").write_text(json.dumps(doc))
-    text = report.render(report.load_results(tmp_path), measures={"gpu_check": ["titanloop/checks/"]})
-    assert "| checks passed ([gpu/2026-12-01-h200-check](#gpu-2026-12-01-h200-check)) | 1/1 | all | yes |" in text
+    name = f"{doc['date']}-h200-check"  # the dated record a GPU run writes
+    (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    text = report.render(report.load_results(tmp_path))
+    assert f"| checks passed ([{name}](#{name})) | 1/1 | all | yes | {doc['date']} | abc | h200 |" in text
 
 
 # ----- the wrapper ------------------------------------------------------------------------------------------------
@@ -297,7 +301,7 @@ def test_the_wrapper_help_runs_no_setup(tmp_path):
 def test_the_wrapper_runs_this_checkouts_checks(tmp_path):
     proc = _script("--rows", "plans", *TINY, "--out", str(tmp_path / "c.json"), PYTHON=sys.executable)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((tmp_path / "c.json").read_text())["kind"] == "gpu_check"
+    assert json.loads((tmp_path / "c.json").read_text())["title"].startswith("GPU check")
 
 
 # ----- every row's orchestration on the CPU -----------------------------------------------------------------------

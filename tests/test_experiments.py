@@ -2,6 +2,7 @@
 `torchrun -m titanloop.train`, evaluates them and writes results.json / results.md / a plot. A smoke run checks
 the pipeline, never the paper's result (results.json says reproduced = null)."""
 
+import argparse
 import json
 import math
 import subprocess
@@ -107,6 +108,12 @@ def test_keep_finished_keeps_only_finished_runs(tmp_path, monkeypatch):
     assert launches == [1] and not (interrupted / "weights").exists()
     common.train("train_configs/debug.toml", finished)
     assert launches == [1, 1] and not (finished / "weights").exists()
+    # train_many passes an experiment's flags (run_options) to every job
+    job = [("train_configs/debug.toml", finished, None)]
+    common.train_many(job, **common.run_options(argparse.Namespace(nproc=1, keep_finished=True)))
+    assert launches == [1, 1]
+    common.train_many(job, **common.run_options(argparse.Namespace(nproc=1, keep_finished=False)))
+    assert launches == [1, 1, 1]
 
 
 def test_mano_scores_every_tree_of_a_small_eval_split():

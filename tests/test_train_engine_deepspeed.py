@@ -13,7 +13,7 @@ rank, checkpoints every 10 steps):
 Parity tolerance. Both engines run the same fp32 math and are bitwise equal at step 1. From the first update on
 they differ at rounding level (ZeRO sums the clipping norm per flat partition, averages gradients in another
 order, steps AdamW on flat partitions), and at debug.toml's lr 1e-2 such differences grow step by step:
-measured (benchmarks/results/engine_parity.json) <= 1.3e-5 (loss) and <= 2.4e-4 (grad norm)
+measured (benchmarks/results/2026-11-29-cpu-engine-parity.json) <= 1.3e-5 (loss) and <= 2.4e-4 (grad norm)
 through step 10; afterwards the loss stays within ~1e-2 while single grad norms spike apart (up to 2x at one step),
 their mean over steps 11-20 within ~12%. The bounds: per step through step 10 (LOSS_1_10, NORM_1_10), then the
 loss per step (LOSS_11_20) and the means over steps 11-20 (MEAN_LOSS, MEAN_NORM), each with a margin of >= 2x.

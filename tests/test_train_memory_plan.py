@@ -163,7 +163,7 @@ def test_a_compiled_plan_subtracts_compiles_saving_where_it_is_modeled(monkeypat
     """The plan runs the step eagerly on fake tensors; for a compiled config it subtracts what compile saves
     (memory_plan.compiled_saving_bytes: one real layer's saved bytes per token, eager vs inductor's partition, x the
     layer calls live at the peak). On one H100 the plan less that saving was within 0.4% of the compiled bf16 runs'
-    peaks (benchmarks/results/gpu/*-plan-vs-peak.json). Here: the subtraction is exactly that saving, from the
+    peaks (benchmarks/results/*-plan-vs-peak.json). Here: the subtraction is exactly that saving, from the
     activations row, said in a note; an AC policy it does not model keeps the eager plan and says so; a frozen trunk
     (exit-gate Stage II) saves nothing to subtract, and no layer is probed to multiply by its 0 layer calls."""
     from titanloop.train import memory_plan

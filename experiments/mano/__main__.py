@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         for seed in args.seeds
     ]
     runs = iter(
-        common.train_many(jobs, args.parallel, args.nproc, args.keep_finished)
+        common.train_many(jobs, args.parallel, **common.run_options(args))
     )  # `--parallel 2`: two runs at a time
     for name in models:
         per_ops = {n: [] for n in ops_list}

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         for name in names
         for seed in args.seeds
     ]
-    runs = iter(common.train_many(jobs, args.parallel, args.nproc, args.keep_finished))
+    runs = iter(common.train_many(jobs, args.parallel, **common.run_options(args)))
     for name in names:
         loss, readout, _ = VARIANTS[name]
         norms, ces = [], []

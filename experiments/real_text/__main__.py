@@ -117,7 +117,7 @@ def looping(args, jobs_only: bool = False):
                 jobs.append((config, args.out / f"{corpus}_{model}_s{seed}", o))
     if jobs_only:
         return jobs
-    common.train_many(jobs, parallel=args.parallel, nproc=args.nproc, keep_finished=args.keep_finished)
+    common.train_many(jobs, args.parallel, **common.run_options(args))
     rows, verdicts, per_corpus = [], [], {}
     for corpus in corpora:
         res = {m: [heldout_by_t(args.out / f"{corpus}_{m}_s{s}") for s in args.seeds] for m in MODELS}
@@ -185,7 +185,7 @@ def directions(args):
         for name, over in STARS.items():
             if "stars" in args.only and not (name == "stars_off" and done(stars_dir(args, name, seed))):
                 jobs.append((LOOPED, stars_dir(args, name, seed), {**base, **ro, **over}))
-    common.train_many(jobs, parallel=args.parallel, nproc=args.nproc, keep_finished=args.keep_finished)
+    common.train_many(jobs, args.parallel, **common.run_options(args))
     batches = held_out_batches(corpus, args.smoke)
     rows, out = [], {}
     # (each block below reads the runs above: the blind spot's norms on held-out text, Q-exit's and STARS' losses)

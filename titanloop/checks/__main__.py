@@ -391,12 +391,11 @@ def result_json(checks: list[Check], results: list[RunResult], plans: dict, meta
         tables.append({"title": title, "columns": columns, "rows": rows})
     return {
         "title": f"GPU check, {meta['date']}, {meta['n_gpus']} x {meta['device']} (torch {meta['torch']})",
-        "kind": "gpu_check",
-        "order": 5,
         "command": meta["command"],
         "date": meta["date"],
-        "machine": f"{meta['n_gpus']} x {meta['device']}, torch {meta['torch']}",
         "commit": meta["commit"],
+        "machine": f"{meta['n_gpus']} x {meta['device']}, torch {meta['torch']}",
+        "torch": meta["torch"],
         "summary": [{"target": None, "met": None, **r} for r in summary],
         "tables": tables,
         "notes": ["Written by `python -m titanloop.checks` (its --help explains every row; tolerances: "
@@ -425,7 +424,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=None, help="GPUs the plans are for without CUDA (default 1)")
     p.add_argument("--plans", type=Path, default=None, help="reuse the memory plans of an earlier json (--out)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole check (default: none)")
-    p.add_argument("--out", type=Path, default=Path("titanloop_checks.json"), help="the json (default %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("runs/titanloop_checks.json"),
+                   help="the json (default %(default)s; as a dated record: benchmarks/results/<date>-<device>-"
+                   "check.json)")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="every row's orchestration on the CPU at tiny sizes")
     a = p.parse_args(argv)
     a.rows = [r.strip() for r in a.rows.split(",") if r.strip()]

@@ -178,13 +178,23 @@ def git_commit() -> str:
 
 
 def record_path(what: str, device: str) -> Path:
-    """benchmarks/results/gpu/<date>-<device>-<what>.json, the dated record a GPU run writes by default (device: the
-    first model number of its name, e.g. h100 for "NVIDIA H100 80GB HBM3"; cpu without one)."""
+    """benchmarks/results/<date>-<device>-<what>.json, the dated record a GPU run writes by default (device: the
+    first model number of its name, e.g. h100 for "NVIDIA H100 80GB HBM3"; cpu without one), with -2, -3, ...
+    appended when that record exists: a new run never overwrites a record."""
     import datetime
 
     model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", device.upper())
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return ROOT / "benchmarks" / "results" / "gpu" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}.json"
+    return fresh_path(ROOT / "benchmarks" / "results" / f"{date}-{model[1].lower() if model else 'cpu'}-{what}.json")
+
+
+def fresh_path(path: Path) -> Path:
+    """`path`, or with -2, -3, ... appended to its stem when that file exists: a record is never overwritten."""
+    path, n, stem = Path(path), 1, Path(path).stem
+    while path.exists():
+        n += 1
+        path = path.with_name(f"{stem}-{n}{path.suffix}")
+    return path
 
 
 def benchmark_parser(prog: str, doc: str, what: str):
@@ -199,7 +209,7 @@ def benchmark_parser(prog: str, doc: str, what: str):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--smoke", action="store_true", help="the CPU at tiny sizes (numbers meaningless)")
-    p.add_argument("--out", type=Path, default=None, help=f"result json (default: benchmarks/results/gpu/<date>-"
+    p.add_argument("--out", type=Path, default=None, help=f"result json (default: benchmarks/results/<date>-"
                    f"<device>-{what}.json; --smoke: in the temporary directory)")  # fmt: skip
     p.set_defaults(record=what)
     return p
@@ -210,5 +220,5 @@ def out_path(a, machine: str) -> Path:
     import tempfile
 
     if a.out is not None:
-        return a.out
+        return fresh_path(a.out)  # a run never overwrites an earlier json
     return Path(tempfile.gettempdir()) / f"{a.record}-smoke.json" if a.smoke else record_path(a.record, machine)

@@ -98,7 +98,7 @@ _FORCE_MATH = False
 # 20 ms at 32 x 32 tokens, 141 documents); from 2**20 on per-document calls were 1.35-12x faster (dense
 # pays for all S*S scores, per-document calls for sum(len^2)) except with many short documents (4 x 512
 # tokens, 136 documents: dense 1.6x faster). The demo's batch (32 x 32 tokens) is 2**15.
-# benchmarks/document_masking.py measures the demo's training step.
+# The demo's training step under each kernel: benchmarks/results/2026-11-29-cpu-document-masking.json.
 DENSE_MASK_MAX_ELEMENTS = 2**19
 DOC_KERNELS = ("varlen", "flash_varlen", "flex", "sdpa_per_doc", "dense")
 _HALF = (torch.float16, torch.bfloat16)

@@ -41,7 +41,7 @@ from titanloop.recipe import stages
 from titanloop.train.config import TrainConfig, load_config, validate_layout
 from titanloop.train.engines.config import mesh_degrees
 from titanloop.train.engines import build_lr_schedulers, build_optimizer, parallelize
-from titanloop.train.memory_plan import GB, gpu_memory_gb, plan_memory
+from titanloop.train.memory_plan import GB, MemoryPlan, gpu_memory_gb, plan_memory
 from titanloop.train.startup import build_model, default_comm, init_mesh, param_dtype
 from titanloop.train.validation import batch_size, held_out_batches
 
@@ -257,11 +257,31 @@ def _checkpoint_plan(cfg: TrainConfig, n_params: int, n_trainable: int, world_si
             )
 
 
+def plan_of(
+    cfg: TrainConfig,
+    world_size: int,
+    *,
+    gpu_mem_gb: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> MemoryPlan:
+    """The memory plan of `cfg` for rank 0 of `world_size` ranks, on the fake process group and meta tensors: what
+    `--dry-run --memory-plan` plans, without the rest of the dry run. Judged against `gpu_mem_gb`, by default this
+    machine's GPU or 80 GB (memory_plan.gpu_memory_gb); its notes say which, and the validation pass's memory."""
+    validate_layout(cfg, world_size)
+    gpu_gb, source = gpu_memory_gb(gpu_mem_gb)
+    with fake_mesh(cfg, world_size) as mesh:
+        plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_gb, progress=progress)
+    plan.notes.append(f"GPU memory {gpu_gb:.1f} GB ({source})")
+    if cfg.validation.enable:
+        dtype = param_dtype(cfg, "cuda")
+        plan.notes.append(validation_memory_note(cfg, plan.rows.get("activations", 0), dtype.itemsize))
+    return plan
+
+
 def planned_peak_bytes(config_path: str | Path, args: list[str], world_size: int) -> int:
     """The memory plan's peak per rank, in bytes, of `config_path` + command-line `args` at `world_size` ranks,
     not judged against any GPU's memory."""
-    cfg = load_config(config_path, args, world_size=world_size)
-    return dry_run(cfg, world_size, memory_plan=True, gpu_mem_gb=1e6).memory_plan.peak
+    return plan_of(load_config(config_path, args, world_size=world_size), world_size, gpu_mem_gb=1e6).peak
 
 
 def dry_run(
@@ -315,15 +335,9 @@ def dry_run(
         _checkpoint_plan(cfg, n_params, n_trainable, world_size, report)
         _data_plan(cfg, dp, report)
         _validation_plan(cfg, dp, report)
-        if memory_plan:
-            gpu_gb, source = gpu_memory_gb(gpu_mem_gb)
-            report.memory_plan = plan_memory(cfg, mesh, gpu_mem_gb=gpu_gb, progress=progress)
-            report.memory_plan.notes.append(f"GPU memory {gpu_gb:.1f} GB ({source})")
-            if cfg.validation.enable:
-                report.memory_plan.notes.append(
-                    validation_memory_note(cfg, report.memory_plan.rows.get("activations", 0), dtype.itemsize)
-                )
-            report.add(report.memory_plan.text())
+    if memory_plan:
+        report.memory_plan = plan_of(cfg, world_size, gpu_mem_gb=gpu_mem_gb, progress=progress)
+        report.add(report.memory_plan.text())
     return report
 
 
@@ -361,7 +375,7 @@ def fit_activation_checkpointing(
 
     def fits(extra: list[str]) -> bool:
         cfg = load_config(config_path, [*overrides, *extra], world_size=world_size)
-        plan = dry_run(cfg, world_size, memory_plan=True, gpu_mem_gb=gpu_mem_gb).memory_plan
+        plan = plan_of(cfg, world_size, gpu_mem_gb=gpu_mem_gb)
         need = plan.peak * (1 + margin) / GB + plan.reserve_gb
         plans.append({"overrides": extra, "peak_gb": plan.peak / GB, "fits": need <= gpu_mem_gb})
         what = describe_ac(cfg.parallelism.activation_checkpoint, cfg.parallelism.ac_kept_loops)

@@ -348,7 +348,7 @@ def plan_memory(
 # The fake-tensor step above runs eagerly (Dynamo does not trace under the tracker), so the plan subtracts what a
 # compiled decoder layer saves less than an eager one, measured on one real layer. On one H100 (6326f59, ouro-1.4b,
 # T = 4, one 4K sequence) the eager plan was within 0.1% of an eager run's peak, and the plan less this saving within
-# 0.4% of both compiled bf16 runs' (per-loop AC and none); benchmarks/results/gpu/*-plan-vs-peak.json.
+# 0.4% of both compiled bf16 runs' (per-loop AC and none); benchmarks/results/*-plan-vs-peak.json.
 COMPILE_PROBE_SEQ = (256, 512)  # two short sequences: the slope between them is the per-token cost
 _PER_TOKEN: dict[tuple, tuple[float, float]] = {}  # (shape, dtype, float8 recipe) -> layer_saved_bytes_per_token
 

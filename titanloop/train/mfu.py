@@ -1,5 +1,5 @@
 """MFU: model FLOP/s achieved over the device's bf16 dense peak, the one definition every reader uses (the
-trainer's metrics, `python -m titanloop.checks`, benchmarks/gpu_throughput.py and benchmarks/looped_vs_dense.py).
+trainer's metrics, `python -m titanloop.checks`, benchmarks/gpu_throughput.py, also --vs-dense).
 
 Model FLOPs per token are LoopLMConfig.flops_per_token (every loop counted; attention over the keys each query
 attends to under document masking, from the batch's document lengths). The peak is the device's bf16 dense
