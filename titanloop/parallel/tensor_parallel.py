@@ -107,7 +107,4 @@ def apply_tensor_parallel(model: LoopLM, tp_mesh: DeviceMesh, sequence_parallel:
                 top[f"loop_norms.{i}"] = SequenceParallel(use_local_output=True)
     parallelize_module(model, tp_mesh, top)
     for layer in [*model.prelude, *model.layers, *model.coda]:
-        plan = _layer_plan(sequence_parallel)
-        if not layer.sandwich:  # block_norm = "pre": no norm on the sublayers' outputs
-            plan = {k: v for k, v in plan.items() if k not in ("input_layernorm_2", "post_attention_layernorm_2")}
-        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, _layer_plan(sequence_parallel))
