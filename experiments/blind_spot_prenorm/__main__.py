@@ -82,9 +82,14 @@ def main(argv=None) -> int:
     from data_pipelines.corpora import build
 
     build(CORPUS)
-    smoke = (
-        {"training.steps": SMOKE_STEPS, "checkpoint.interval": 3, "validation.freq": SMOKE_STEPS} if args.smoke else {}
-    )
+    smoke = {  # a few steps, two checkpoints, the first held-out batch only
+        "training.steps": SMOKE_STEPS,
+        "checkpoint.interval": 3,
+        "validation.freq": SMOKE_STEPS,
+        "validation.steps": 1,
+        "validation.batch_size": 16,
+    }
+    smoke = smoke if args.smoke else {}
     jobs = [
         (CONFIG, args.out / f"{arm}_s{seed}", {**over, "training.seed": seed, "data.seed": seed, **smoke})
         for arm, (_, over) in ARMS.items()

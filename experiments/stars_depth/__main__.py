@@ -40,7 +40,14 @@ ARMS = {
     "sampled": {},
     "jsrr": {"objective.jsrr_weight": 0.1},
 }
-SMOKE = {"training.steps": 6, "validation.freq": 6, "validation.loops": [1, 4, 8], "checkpoint.interval": 6}
+SMOKE = {  # a few steps, the first held-out batch only
+    "training.steps": 6,
+    "validation.freq": 6,
+    "validation.steps": 1,
+    "validation.batch_size": 16,
+    "validation.loops": [1, 4, 8],
+    "checkpoint.interval": 6,
+}
 
 
 def spectral_radii(run_dir: Path, batches: list[dict], rows: int) -> dict:
