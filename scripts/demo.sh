@@ -8,9 +8,10 @@
 #   looped  one shared layer run T = 4 times (train_configs/shakespeare_looped.toml)
 #   once    the same layer run once (T = 1): the same parameters, a quarter of the compute
 #   dense   4 layers run once (train_configs/nanogpt_shakespeare_char.toml): the looped model's FLOPs, 4x the parameters
-# Each scores the whole held-out split (111,540 characters) at T = 1..8 at its last step; scripts/demo_text_summary.py
-# prints the table and how much of the gap from `once` to `dense` looping closes, and `python -m titanloop.eval
-# generate` samples text from the looped model. Everything goes to --out (default runs/demo), which starts afresh.
+# Each scores the whole held-out split (111,540 characters) at T = 1..8 at its last step, the looped model also at
+# T = 12, 16, 24 and 32 (far past its trained depth); scripts/demo_text_summary.py prints the table, how much of the
+# gap from `once` to `dense` looping closes and how the looped model's loss moves past its trained depth, and
+# `python -m titanloop.eval generate` samples text from the looped model. Everything goes to --out (default runs/demo), which starts afresh.
 # Other arguments go to every training run (e.g. --training.steps 200 for a quick look). --seed sets the training and
 # data seeds. --compose runs the composition demo instead (scripts/demo_compose.sh, with the arguments after it).
 set -euo pipefail
@@ -44,11 +45,14 @@ if [ -f "$OUT/demo_text" ]; then echo "[demo] removing the previous demo run in 
 mkdir -p "$OUT" && touch "$OUT/demo_text"
 LOOPED=train_configs/shakespeare_looped.toml
 declare -A CONFIG=([looped]=$LOOPED [once]=$LOOPED [dense]=train_configs/nanogpt_shakespeare_char.toml)
-declare -A EXTRA=([looped]="" [once]="--loop_sampler.kind fixed --loop_sampler.n_loops 1" [dense]="")
+# the looped model runs up to 32 loops when scored (max_loops: with per-loop norms, one norm per loop up to it)
+declare -A EXTRA=([looped]="--model.max_loops 32" [once]="--loop_sampler.kind fixed --loop_sampler.n_loops 1" [dense]="")
+declare -A LOOPS=([looped]="[1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32]" [once]="[1, 2, 3, 4, 5, 6, 7, 8]"
+                  [dense]="[1, 2, 3, 4, 5, 6, 7, 8]")
 for model in looped once dense; do
-  # the held-out loss of every loop count 1..8, once, at the last step (the whole split: validation.steps = 0)
+  # the held-out loss at every listed loop count, once, at the last step (the whole split: validation.steps = 0)
   args=(--config "${CONFIG[$model]}" --training.run_dir "$OUT/$model" --training.seed "$SEED" --data.seed "$SEED"
-        --validation.loops "[1, 2, 3, 4, 5, 6, 7, 8]" --validation.freq 1000000 --metrics.log_freq 500)
+        --validation.loops "${LOOPS[$model]}" --validation.freq 1000000 --metrics.log_freq 500)
   read -r -a extra <<< "${EXTRA[$model]}"
   echo "[demo] $model: torchrun --nproc_per_node=1 -m titanloop.train ${args[*]} ${extra[*]} ${TRAIN_ARGS[*]}"
   "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m titanloop.train "${args[@]}" "${extra[@]}" \

@@ -4,10 +4,11 @@ split, `validation.steps = 0`).
 
     python scripts/demo_text_summary.py runs/demo
 
-Reads runs/demo/{looped,once,dense}/metrics.jsonl; prints the table, how much of the gap between the one-layer model
-and the dense one looping closes at the trained T, and whether more loops than trained still help; writes
-runs/demo/summary.json ({"loops": [...], "trained_T": 4, "heldout": {model: [loss per T]}, "gap_closed": x,
-"loss_at_max_minus_trained": y}).
+Reads runs/demo/{looped,once,dense}/metrics.jsonl; prints the table (every T any model was scored at; '-' where a
+model was not), how much of the gap between the one-layer model and the dense one looping closes at the trained T,
+and, for every scored T past it (8, 16, 32, ...), how far the looped model's loss there is from its loss at the
+trained T; writes runs/demo/summary.json ({"loops": [...], "trained_T": 4, "heldout": {model: [loss per T]},
+"gap_closed": x, "loss_at_max_minus_trained": y, "past_trained": {"T": loss at T minus at the trained T}}).
 """
 
 from __future__ import annotations
@@ -37,18 +38,26 @@ def last_validation(run_dir: Path) -> dict:
 
 def summarize(root: Path, trained_t: int) -> dict:
     vals = {name: last_validation(root / name) for name in MODELS}
-    loops = sorted(int(k.rsplit("_", 1)[1]) for k in vals["looped"] if k.startswith("val/loss/loop_"))
+    loops = sorted({int(k.rsplit("_", 1)[1]) for v in vals.values() for k in v if k.startswith("val/loss/loop_")})
     heldout = {name: [v.get(f"val/loss/loop_{t}") for t in loops] for name, v in vals.items()}
+    if trained_t not in loops or heldout["looped"][loops.index(trained_t)] is None:
+        sys.exit(f"error: the looped model was not scored at its trained T = {trained_t}: pass --trained-loops")
     once, dense = heldout["once"][loops.index(1)], heldout["dense"][loops.index(1)]
     looped = heldout["looped"][loops.index(trained_t)]
+    scored = [(t, v) for t, v in zip(loops, heldout["looped"]) if v is not None]
     return {
         "loops": loops,
         "trained_T": trained_t,
         "tokens": int(vals["looped"]["val/tokens"]),
         "heldout": heldout,
         "gap_closed": (once - looped) / (once - dense) if once != dense else None,
-        "loss_at_max_minus_trained": heldout["looped"][-1] - looped,
+        "loss_at_max_minus_trained": scored[-1][1] - looped,
+        "past_trained": {str(t): v - looped for t, v in scored if t > trained_t},
     }
+
+
+def _direction(d: float) -> str:
+    return "worse" if d >= 0.0005 else ("better" if d <= -0.0005 else "same")  # as printed, to 3 decimals
 
 
 def main(argv=None) -> int:
@@ -75,8 +84,12 @@ def main(argv=None) -> int:
             f"\nlooping the one layer {t} times: {once:.3f} -> {looped:.3f}, {100 * s['gap_closed']:.0f}% of the way "
             f"to the dense model of the same FLOPs ({dense:.3f}, {t}x the parameters)"
         )
-    d = s["loss_at_max_minus_trained"]
-    print(f"past the trained depth: T = {s['loops'][-1]} is {abs(d):.3f} {'worse' if d > 0 else 'better'} than T = {t}")
+    past = s["past_trained"]
+    if past:
+        print(
+            f"past the trained depth (loss at T minus at T = {t}): "
+            + ", ".join(f"T = {k}: {d:+.3f} ({_direction(d)})" for k, d in past.items())
+        )
     (args.root / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     return 0
 

@@ -388,7 +388,7 @@ def test_default_cli_run_on_a_cpu_machine_gives_the_old_numbers(tmp_path, monkey
     data.write_text("\n".join(json.dumps(s) for s in seqs))
     r = run_cli(
         "sweep", str(tmp_path / "hf"), "--data", str(data), "--out", str(tmp_path / "ev"), "--batch-size", "4",
-        "--chunk-size", "16", "--jsrr-loops", "1,2", "--q", "0,0.5,0.9,1",
+        "--chunk-size", "16", "--jsrr-loops", "1,2", "--q", "0,0.5,0.9,1", "--loops", "1,2,3,4",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "on cpu in float32" in r.stdout
@@ -396,7 +396,9 @@ def test_default_cli_run_on_a_cpu_machine_gives_the_old_numbers(tmp_path, monkey
     assert cli["model"]["device"] == "cpu" and cli["model"]["dtype"] == "float32"
 
     monkeypatch.setattr("titanloop.eval.sweep.collect_loop_stats", old_collect_loop_stats)
-    cfg = EvalConfig(batch_size=4, chunk_size=16, jsrr_loops=[1, 2], q_thresholds=[0.0, 0.5, 0.9, 1.0])
+    cfg = EvalConfig(
+        batch_size=4, chunk_size=16, jsrr_loops=[1, 2], q_thresholds=[0.0, 0.5, 0.9, 1.0], loops=[1, 2, 3, 4]
+    )
     old = json.loads(json.dumps(evaluate(model, seqs, cfg)))  # through JSON like report.json (inf -> Infinity)
     for key in ("data", "depth_sweep", "exit_frontier", "diagnostics"):
         assert cli[key] == old[key], key

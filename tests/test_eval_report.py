@@ -42,13 +42,16 @@ def report():
 
 def test_report_schema(report):
     validate_report(report)
-    assert report["depth_sweep"]["loops"] == [1, 2, 3, 4]  # default: 1..2x trained depth
+    assert report["depth_sweep"]["loops"] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]  # default: log-spaced to 64
     assert report["data"] == {"batches": 2, "examples": 6, "scored_tokens": 6 * 13}
     fr = report["exit_frontier"]
     assert {p["strategy"] for p in fr["points"]} == {"static", "q_exit", "hidden_diff", "logit_margin", "ash"}
-    assert all(1.0 <= p["avg_loops"] <= 2.0 and sum(p["exit_histogram"]) == 78 for p in fr["points"])
+    assert all(1.0 <= p["avg_loops"] <= 64.0 and sum(p["exit_histogram"]) == 78 for p in fr["points"])
+    # the frontier reaches past the trained depth (2): every loop up to the deepest swept one is a static point
+    assert fr["exit_loops"] == 64
+    assert sorted(p["param"]["t"] for p in fr["points"] if p["strategy"] == "static") == list(range(1, 65))
     d = report["diagnostics"]
-    assert [r["loop"] for r in d["hidden_rms"]] == [1, 2, 3, 4]
+    assert [r["loop"] for r in d["hidden_rms"]] == list(range(1, 65))
     assert all(r["mean"] <= r["p99"] <= r["max"] for r in d["hidden_rms"])
     assert sum(d["exit_distribution"]["p_mean"]) == pytest.approx(1.0, abs=1e-5)
     assert [r["loop"] for r in d["spectral_radius"]] == [1, 2, 4]

@@ -20,6 +20,12 @@ EXPERIMENTS = {  # name -> (plot file, number of result rows in a smoke run, run
     "dice": ("accuracy_vs_bits.png", 4, ["endpoint_s0", "dense_s0"]),
     "mano": ("accuracy_by_ops.png", 2, ["1x4_s0", "1x1_s0"]),
     "exit_gate": ("accuracy_vs_avg_loops.png", 4, ["stage1_s0", "stage2_s0"]),
+    "blind_spot_prenorm": (
+        "final_norm_by_step.png",
+        4,
+        ["rmsnorm_s0", "raw_s0", "rmsnorm_penalty_s0", "sandwich_s0"],
+    ),
+    "stars_depth": ("loss_vs_loops.png", 3, ["fixed_s0", "sampled_s0", "jsrr_s0"]),
 }
 
 

@@ -96,6 +96,7 @@ def _eval_report(
     seq_len: int,
     loops: list[int],
     qs: list[float],
+    t_train: int,
 ) -> dict:
     spec = tmp_path / "data.json"
     spec.write_text(json.dumps(data))
@@ -125,6 +126,8 @@ def _eval_report(
         ",".join(map(str, qs)),
         "--jsrr-loops",
         "1",
+        "--exit-loops",  # validation's exit depth and Q-exit are over the trained depth
+        str(t_train),
     ]
     proc = subprocess.run(
         cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
@@ -165,7 +168,9 @@ def test_validation_equals_eval_on_the_checkpoint(tmp_path, data, layout):
         spec, batch_size, max_batches = {**TASK, "split": "eval", "seed": 0}, mb, val_steps * dp
     else:  # a loader's global batches 0..steps-1, each split over the ranks
         spec, batch_size, max_batches = {"kind": "synthetic_text", "seed": 1}, mb * dp, val_steps
-    report = _eval_report(tmp_path, ckpt, spec, batch_size, max_batches, cfg.training.seq_len, loops, qs)
+    report = _eval_report(
+        tmp_path, ckpt, spec, batch_size, max_batches, cfg.training.seq_len, loops, qs, cfg.loop_sampler.n_loops
+    )
     diffs = {}
     points = {p["loops"]: p for p in report["depth_sweep"]["points"]}
     for t in loops:

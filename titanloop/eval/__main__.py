@@ -1,10 +1,11 @@
-"""Command line: `python -m titanloop.eval {sweep,generate} --help`.
+"""Command line: `python -m titanloop.eval {sweep,compare,generate} --help`.
 
 python -m titanloop.eval sweep CKPT --data task:mano --out out/eval          # report.json + plots
 python -m titanloop.eval sweep CKPT --data seqs.jsonl --loops 1,2,4,8 --q 0,0.5,0.9,1
 python -m titanloop.eval generate CKPT --prompt-ids 5,17,3 --max-new-tokens 16 --cache-policy last
 python -m titanloop.eval generate CKPT --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 20
 python -m titanloop.eval sweep CKPT --data task:mano --device cpu --dtype float32    # force the CPU
+python -m titanloop.eval compare eval_a eval_b runs/c --labels a,b,c --out cmp    # loss vs T, several runs
 
 Both subcommands load the model straight onto --device in --dtype (default auto: CUDA in bfloat16 when
 torch.cuda.is_available(), else the CPU in float32) and compute there.
@@ -99,6 +100,8 @@ def _sweep(args) -> None:
         chunk_size=args.chunk_size,
         hidden_eps=args.hidden_eps,
         jsrr_loops=args.jsrr_loops,
+        jsrr_rows=args.jsrr_rows,
+        jsrr_power_steps=args.jsrr_power_steps,
         diagnostics=not args.no_diagnostics,
     )
     for name in ("q", "margin", "ash_eps", "ash_patience"):
@@ -134,6 +137,16 @@ def _sweep(args) -> None:
     for i in fr["pareto"]["loss"]:
         p = fr["points"][i]
         print(f"  {p['strategy']:<12} {json.dumps(p['param']):<24} avg_loops={p['avg_loops']:.3f} loss={p['loss']:.4f}")
+    print("\nwrote " + ", ".join(paths.values()))
+
+
+def _compare(args) -> None:
+    from titanloop.eval.compare import depth_curves, format_table, write_depth_comparison  # (CLI: as torch)
+
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
+    curves = depth_curves(args.sources, labels)
+    paths = write_depth_comparison(curves, args.out, args.title)
+    print(format_table(curves))
     print("\nwrote " + ", ".join(paths.values()))
 
 
@@ -247,9 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--loops",
         type=_ints,
         default=None,
-        help="loop counts T to sweep, e.g. 1,2,4,8 (default 1..2x the trained depth)",
+        help="loop counts T to sweep, e.g. 1,2,4,8; any T >= 1 (default 1,2,3,4,6,8,12,16,24,32,48,64 and the "
+        "trained depth, capped at max_loops for per_loop_norm models; one forward to the deepest T scores them all)",
     )
-    s.add_argument("--exit-loops", type=int, default=None, help="T_max for the exit strategies (default: trained)")
+    s.add_argument(
+        "--exit-loops", type=int, default=None, help="T_max for the exit strategies (default: the deepest swept T)"
+    )
     s.add_argument("--q", type=_floats, default=None, help="Q-exit thresholds in [0,1] (default 0,0.1,...,1)")
     s.add_argument(
         "--margin", type=_floats, default=None, help="logit-margin thresholds (top-1 minus top-2 probability) in [0,1]"
@@ -262,7 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--ash-eps", type=_floats, default=None, help="ASH thresholds on ||Δsoftmax||_1, in [0,2]")
     s.add_argument("--ash-patience", type=_ints, default=None, help="ASH consecutive loops m (default 1,2)")
-    s.add_argument("--jsrr-loops", type=_ints, default=None, help="loops at which to estimate the spectral radius")
+    s.add_argument(
+        "--jsrr-loops",
+        type=_ints,
+        default=None,
+        help="loops t at whose input x_{t-1} to estimate the spectral radius of the recurrent map, e.g. 5,17 for "
+        "x_4 and x_16 (default 1, the trained depth and twice it)",
+    )
+    s.add_argument("--jsrr-rows", type=int, default=2, help="rows of the first batch the spectral radius uses")
+    s.add_argument("--jsrr-power-steps", type=int, default=10, help="power-iteration steps of the spectral radius")
     s.add_argument("--batch-size", type=int, default=8)
     s.add_argument("--max-batches", type=int, default=None, help="cap on batches (default: all; 8 for loaders)")
     s.add_argument("--seq-len", type=int, default=256, help="row length for shard sets and DataConfig datasets")
@@ -270,6 +294,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--no-diagnostics", action="store_true", help="skip radial gradient and JSRR")
     s.set_defaults(func=_sweep)
+
+    c = sub.add_parser(
+        "compare",
+        help="held-out loss against depth for several runs in one picture",
+        description="Draw held-out loss against loops T (log scale) for several runs in one picture: each source "
+        "is a `sweep` output directory (or its report.json) or a training run directory, whose last validation "
+        "(val/loss/loop_T in metrics.jsonl) gives the curve. Writes depth_comparison.png and "
+        "depth_comparison.json into --out and prints the table.",
+    )
+    c.add_argument("sources", nargs="+", help="sweep output directories, report.json files or training run dirs")
+    c.add_argument("--labels", default=None, help="comma-separated curve names (default: the directory names)")
+    c.add_argument("--out", default="eval_compare", help="output directory (default: eval_compare)")
+    c.add_argument("--title", default=None, help="plot title")
+    c.set_defaults(func=_compare)
 
     g = sub.add_parser(
         "generate",
@@ -313,14 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # (CLI: torch only once the arguments parsed)
-    from titanloop.checkpoint.loading import resolve_device, resolve_dtype
+    if hasattr(args, "device"):  # (compare loads no model, and no torch)
+        # (CLI: torch only once the arguments parsed)
+        from titanloop.checkpoint.loading import resolve_device, resolve_dtype
 
-    try:  # a bad --device / --dtype is a usage error: one line, exit status 2, before anything is loaded
-        args.device = resolve_device(args.device, "--device")
-        args.dtype = resolve_dtype(args.dtype, args.device, "--dtype")
-    except ConfigError as e:
-        parser.exit(2, f"error: {e}\n")
+        try:  # a bad --device / --dtype is a usage error: one line, exit status 2, before anything is loaded
+            args.device = resolve_device(args.device, "--device")
+            args.dtype = resolve_dtype(args.dtype, args.device, "--dtype")
+        except ConfigError as e:
+            parser.exit(2, f"error: {e}\n")
     try:
         args.func(args)
     except ConfigError as e:

@@ -31,12 +31,21 @@ from titanloop.eval.stats import LoopStats, collect_loop_stats
 from titanloop.model import LoopLM
 
 REPORT_SCHEMA = "titanloop.eval/v1"
+# The default depth sweep: log-spaced loop counts far past any trained depth. One forward to the deepest (loop t+1
+# continues from loop t's state), so its cost is that of T = 64 alone, not of the sum over the list.
+DEPTH_LOOPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def depth_loops(trained: int, max_loops: int | None = None) -> list[int]:
+    """DEPTH_LOOPS with the trained depth added, capped at `max_loops` (per_loop_norm models stop there)."""
+    loops = sorted({*DEPTH_LOOPS, int(trained)})
+    return [t for t in loops if max_loops is None or t <= max_loops]
 
 
 @dataclass
 class EvalConfig:
-    loops: list[int] | None = None  # depth sweep T values; default 1..2*n_loops (extrapolation beyond training)
-    exit_loops: int | None = None  # T_max for the exit strategies and p(t); default the model's n_loops
+    loops: list[int] | None = None  # depth sweep T values; default depth_loops: 1, 2, 3, 4, 6, 8, ..., 48, 64
+    exit_loops: int | None = None  # T_max for the exit strategies and p(t); default the deepest swept T
     q_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_Q))
     margin_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_MARGIN))
     hidden_eps: list[float] | None = None  # None: quantiles of the observed hidden-state changes
@@ -92,11 +101,13 @@ class EvalConfig:
     def sweep_loops(self, model_cfg) -> list[int]:
         if self.loops:
             return sorted(set(self.loops))
-        deepest = 2 * model_cfg.n_loops  # per_loop_norm models cannot run past max_loops
-        return list(range(1, (min(deepest, model_cfg.max_loops) if model_cfg.per_loop_norm else deepest) + 1))
+        # per_loop_norm models cannot run past max_loops
+        return depth_loops(model_cfg.n_loops, model_cfg.max_loops if model_cfg.per_loop_norm else None)
 
     def max_exit_loops(self, model_cfg) -> int:
-        return int(self.exit_loops or model_cfg.n_loops)
+        """The exit strategies' T_max: `exit_loops`, else the deepest swept T (past the trained depth, at no extra
+        forward: the sweep runs that deep anyway)."""
+        return int(self.exit_loops or max(self.sweep_loops(model_cfg)))
 
 
 def _check_model(model) -> LoopLM:
@@ -131,7 +142,7 @@ def depth_sweep_from_stats(stats: LoopStats, loops: list[int], trained_loops: in
 
 
 def depth_sweep(model, dataset, loops: list[int] | None = None, cfg: EvalConfig | None = None) -> dict:
-    """Loss, perplexity and token/sequence accuracy at T = each of `loops` (default 1..2*n_loops)."""
+    """Loss, perplexity and token/sequence accuracy at T = each of `loops` (default `depth_loops`, to T = 64)."""
     cfg = cfg or EvalConfig()
     if loops is not None:
         cfg = dataclasses.replace(cfg, loops=list(loops))
@@ -142,6 +153,7 @@ def depth_sweep(model, dataset, loops: list[int] | None = None, cfg: EvalConfig 
 def exit_frontier(model, dataset, cfg: EvalConfig | None = None) -> dict:
     """Operating points (avg loops, quality) of static / Q-exit / hidden-diff / margin / ASH, and the frontier."""
     cfg = cfg or EvalConfig()
+    cfg = dataclasses.replace(cfg, exit_loops=cfg.max_exit_loops(_check_model(model).cfg))
     model, _, stats = _prepare(model, dataset, dataclasses.replace(cfg, loops=[1]))
     return _frontier(stats, cfg, model)
 

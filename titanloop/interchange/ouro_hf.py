@@ -14,8 +14,8 @@ Tensor names are titanloop's parameter names with a `model.` prefix (`lm_head.we
 model_type "ouro" is written only for models the Ouro Hugging Face code (modeling_ouro.py) computes exactly:
 per loop the shared stack, then the final norm, whose output is decoded, gated and fed to the next loop.
 A variant it cannot represent (`ouro_incompatibilities`: readout raw / final_only_norm, inter_loop_norm
-false, prelude/coda layers, gated recurrence, per-loop norms) is refused with a one-line reason, or, with
-`allow_variant=True` (CLI `--allow-variant`), written under model_type "titanloop_looplm", which the Ouro code
+false, prelude/coda layers, gated recurrence, per-loop norms, pre-norm layers) is refused with a one-line reason,
+or, with `allow_variant=True` (CLI `--allow-variant`), written under model_type "titanloop_looplm", which the Ouro code
 does not claim and only titanloop loads. The variant settings (and max_loops, ...) go into a `"titanloop"`
 sub-dict of config.json and extra tensors (`model.prelude.*`, `model.coda.*`, `model.recurrence_gate.*`,
 `model.loop_norms.*`), so export -> import is exact. A plain Ouro directory (no sub-dict) imports with the
@@ -71,6 +71,7 @@ _TITANLOOP_FIELDS = (
     "gated_recurrence",
     "gate_bias_init",
     "per_loop_norm",
+    "block_norm",
     "attention_backend",
     "rope_per_document",
 )
@@ -119,6 +120,8 @@ def ouro_incompatibilities(cfg: LoopLMConfig) -> list[str]:
         why.append("gated_recurrence=true (the Ouro code has no recurrence gate)")
     if cfg.per_loop_norm:
         why.append("per_loop_norm=true (the Ouro code has no per-loop norm)")
+    if cfg.block_norm != "sandwich":
+        why.append(f"block_norm={cfg.block_norm!r} (the Ouro code's layers norm each sublayer's output too)")
     return why
 
 

@@ -16,6 +16,7 @@ from titanloop.config_fields import coerce, field_types
 READOUTS = ("norm", "raw", "final_only_norm")
 INJECTIONS = ("add", "diagonal")
 INIT_STATES = ("embedding", "random")
+BLOCK_NORMS = ("sandwich", "pre")  # see titanloop.model.looplm.DecoderLayer
 ATTENTION_BACKENDS = ("auto", "varlen", "flash", "flex", "sdpa_per_doc", "sdpa")  # see titanloop.model.attention
 
 
@@ -62,6 +63,10 @@ class LoopLMConfig:
     gated_recurrence: bool = False  # h = g*h_new + (1-g)*h_old, g = sigmoid(W[h_new;h_old]+b)
     gate_bias_init: float = -2.0
     per_loop_norm: bool = False  # a distinct RMSNorm for each loop step (ouroboros §3.5)
+    # the decoder layer: "sandwich" (Ouro) norms each sublayer's input and output, h += norm'(f(norm(h))), which
+    # bounds every update's RMS by the output norm's gains; "pre" norms the input only, h += f(norm(h)), so the
+    # residual stream can grow without bound (readout-blind-spot §3)
+    block_norm: str = "sandwich"
     tie_embeddings: bool = False
 
     # auto: documents through torch's varlen_attn on CUDA fp16/bf16 (flash-attn, FlexAttention as fallbacks),
@@ -142,6 +147,7 @@ class LoopLMConfig:
             self.init_state_std,
             "a positive std (or null for the embedding's init std)",
         )
+        require_choice(self.block_norm, "block_norm", BLOCK_NORMS)
         require_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         require(self.n_prelude_layers >= 0, "n_prelude_layers", self.n_prelude_layers, "an integer >= 0")
         require(self.n_coda_layers >= 0, "n_coda_layers", self.n_coda_layers, "an integer >= 0")
@@ -161,7 +167,7 @@ class LoopLMConfig:
         h, kv = self.hidden_size, self.kv_heads * self.head_dim
         attn = h * h * 2 + h * kv * 2  # q, o and k, v (no biases)
         mlp = 3 * h * self.ffn_hidden_size
-        norms = 4 * h  # sandwich norm: 4 RMSNorm weights per layer
+        norms = (4 if self.block_norm == "sandwich" else 2) * h  # RMSNorm weights per layer
         return attn + mlp + norms
 
     def param_count(self, include_embedding: bool = True) -> int:

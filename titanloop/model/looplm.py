@@ -1,6 +1,6 @@
 """The LoopLM: N shared decoder layers applied T times, an exit gate and one LM head after every loop.
 
-Read top to bottom: RMSNorm, Attention, MLP, DecoderLayer (sandwich norm), LoopLM.
+Read top to bottom: RMSNorm, Attention, MLP, DecoderLayer (sandwich norm, or pre-norm), LoopLM.
 
     x = embed(tokens); x = prelude(x)
     for t in 1..T:
@@ -102,22 +102,32 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Sandwich RMSNorm: h += norm2(attn(norm1(h))); h += norm2'(mlp(norm1'(h)))."""
+    """Sandwich RMSNorm (block_norm = "sandwich", Ouro): h += norm2(attn(norm1(h))); h += norm2'(mlp(norm1'(h))).
+    Pre-norm (block_norm = "pre"): h += attn(norm1(h)); h += mlp(norm1'(h)), no norm on the branch outputs (the
+    layer then has no input_layernorm_2 / post_attention_layernorm_2)."""
 
     def __init__(self, cfg: LoopLMConfig):
         super().__init__()
+        sandwich = cfg.block_norm == "sandwich"
         self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # before attention
-        self.input_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the attention output
+        if sandwich:
+            self.input_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the attention output
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # before the MLP
-        self.post_attention_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the MLP output
+        if sandwich:
+            self.post_attention_layernorm_2 = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # on the MLP output
+        self.sandwich = sandwich
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None  # training only
 
     def forward(self, h, cos, sin, mask=None, cache=None):
-        a = self.input_layernorm_2(self.self_attn(self.input_layernorm(h), cos, sin, mask, cache))
+        a = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache)
+        if self.sandwich:
+            a = self.input_layernorm_2(a)
         h = h + (a if self.dropout is None else self.dropout(a))
-        m = self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(h)))
+        m = self.mlp(self.post_attention_layernorm(h))
+        if self.sandwich:
+            m = self.post_attention_layernorm_2(m)
         return h + (m if self.dropout is None else self.dropout(m))
 
 

@@ -24,6 +24,7 @@ from titanloop.objectives.exit_distribution import exit_entropy, exit_log_probs
 OBJECTIVES = ("stage1", "stage2_gate", "dense", "final_only")
 PRIORS = ("uniform", "geometric")
 DENSE_SCHEDULES = ("uniform", "linear", "exponential")
+DENSE_REDUCTIONS = ("sum", "mean")
 CE_BACKWARDS = ("fused", "recompute")
 
 
@@ -39,6 +40,9 @@ class ObjectiveConfig:
     gate_gamma: float = 0.005  # stage2 threshold
     dense_alpha: float = 1.0  # DICE weight of the intermediate loops
     dense_schedule: str = "uniform"  # uniform | linear | exponential
+    # dense: "sum" is DICE's l(z_K) + α Σ w_k l(z_k); "mean" divides it by 1 + α, the sum of the coefficients
+    # (uniform with α = K - 1: the mean of the K per-loop CEs, as readout-blind-spot §3 averages them)
+    dense_reduction: str = "sum"
     scale_penalty: float = 0.0  # λ of the scale penalty (0.01 in the paper); 0 = off
     jsrr_weight: float = 0.0  # STARS λ; 0 = off. total = (1-λ) CE + λ JSRR
     jsrr_power_steps: int = 1
@@ -59,6 +63,7 @@ class ObjectiveConfig:
         require(self.gate_k > 0, "objective.gate_k", self.gate_k, "a slope k > 0")
         require(self.dense_alpha >= 0, "objective.dense_alpha", self.dense_alpha, "a value >= 0")
         require_choice(self.dense_schedule, "objective.dense_schedule", DENSE_SCHEDULES)
+        require_choice(self.dense_reduction, "objective.dense_reduction", DENSE_REDUCTIONS)
         require(self.scale_penalty >= 0, "objective.scale_penalty", self.scale_penalty, "a value >= 0")
         require(0 <= self.jsrr_weight <= 1, "objective.jsrr_weight", self.jsrr_weight, "a value in [0, 1]")
         require(self.jsrr_power_steps >= 1, "objective.jsrr_power_steps", self.jsrr_power_steps, "an integer >= 1")
@@ -163,15 +168,22 @@ def dense_weights(n_loops: int, schedule: str, device=None) -> torch.Tensor:
     return w / w.sum()
 
 
-def dense_loop_coefficients(n_loops: int, alpha: float, schedule: str, device=None) -> torch.Tensor:
-    """c [T] with DICE's loss = Σ_t c_t mean(L^(t)): α w_k for the intermediate loops, 1 for the last."""
-    return torch.cat([alpha * dense_weights(n_loops, schedule, device), torch.ones(1, device=device)])
+def dense_loop_coefficients(
+    n_loops: int, alpha: float, schedule: str, device=None, reduction: str = "sum"
+) -> torch.Tensor:
+    """c [T] with DICE's loss = Σ_t c_t mean(L^(t)): α w_k for the intermediate loops, 1 for the last; divided by
+    their sum with reduction "mean" (1 + α, or 1 at T = 1, where there is no intermediate loop)."""
+    require_choice(reduction, "dense_reduction", DENSE_REDUCTIONS)
+    c = torch.cat([alpha * dense_weights(n_loops, schedule, device), torch.ones(1, device=device)])
+    return c / c.sum() if reduction == "mean" else c
 
 
-def dense_supervision_loss(ce: torch.Tensor, mask: torch.Tensor, alpha: float, schedule: str) -> torch.Tensor:
-    """DICE eq. 2: ℓ(z_K) + α Σ_{k<K} w_k ℓ(z_k) with one shared readout."""
+def dense_supervision_loss(
+    ce: torch.Tensor, mask: torch.Tensor, alpha: float, schedule: str, reduction: str = "sum"
+) -> torch.Tensor:
+    """DICE eq. 2: ℓ(z_K) + α Σ_{k<K} w_k ℓ(z_k) with one shared readout (divided by 1 + α with "mean")."""
     per_loop = masked_mean(ce.float(), mask)  # [T]
-    return (dense_loop_coefficients(ce.shape[0], alpha, schedule, ce.device) * per_loop).sum()
+    return (dense_loop_coefficients(ce.shape[0], alpha, schedule, ce.device, reduction) * per_loop).sum()
 
 
 def final_loop_loss(ce_last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ def _ce_weights(cfg: ObjectiveConfig, gate_logits: torch.Tensor, mask: torch.Ten
     tok = token_weights(mask)
     if cfg.name == "final_only":
         return tok[None], 0.0
-    coef = dense_loop_coefficients(n_loops, cfg.dense_alpha, cfg.dense_schedule, tok.device)
+    coef = dense_loop_coefficients(n_loops, cfg.dense_alpha, cfg.dense_schedule, tok.device, cfg.dense_reduction)
     return coef.view(-1, 1, 1) * tok, 0.0
 
 
