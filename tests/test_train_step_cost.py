@@ -68,7 +68,11 @@ def test_a_nan_gradient_is_caught_on_steps_that_log_nothing(run):
 @pytest.mark.slow
 def test_the_whole_step_profile_covers_the_wall_step(run):
     run_dir, proc, _ = run
-    records = [json.loads(line) for line in (run_dir / "step_profile.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (run_dir / "step_profile.jsonl").read_text().splitlines()]
+    startup, records = lines[0]["startup"], lines[1:]
+    parts = ["process", "launcher", "mesh", "model", "engine", "data", "checkpointer", "callbacks", "pre_train"]
+    assert list(startup) == parts and all(v is not None and v >= 0 for v in startup.values()), startup
+    assert "[titanloop] start-up (s): process " in proc.out
     assert [r["step"] for r in records] == LOG_STEPS
     for r in records:
         assert list(r["parts"]) == list(PARTS)

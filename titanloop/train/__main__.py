@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import SECTIONS, load_config
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # (CLI: torch.distributed and the trainer load only after the config is read and valid)
     from titanloop.train.run_callbacks import default_callbacks
     from titanloop.train.loop import train
-    from titanloop.train.startup import build_run
+    from titanloop.train.startup import build_run, start_up_seconds
 
     def report(e: ConfigError) -> None:
         # Problems found while starting (previous-stage checkpoint, resume state vs config): one line, exit 2.
@@ -98,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
 
     run, callbacks = None, []
     try:
+        before = start_up_seconds()  # interpreter, imports and config, and the launcher before this process
         run = build_run(cfg)
+        started = time.perf_counter()
         callbacks = default_callbacks(run)
+        run.startup = {**before, **run.startup, "callbacks": time.perf_counter() - started}
         print_summary(run)
         return train(run, callbacks)
     except ConfigError as e:

@@ -37,9 +37,15 @@ from titanloop.train.step_timer import StepTimer, profile_line, profile_record
 def train(run: Run, callbacks: list[Callback]) -> int:
     """Train until training.steps or until a callback stops the run; returns the exit code (0, 3 or 75)."""
     state = run.state
+    started = time.perf_counter()
     for cb in callbacks:
         cb.pre_train(run)  # Checkpointing resumes every state from the run dir here
     batches = iter(run.dataloader)  # from the restored data position
+    run.startup["pre_train"] = time.perf_counter() - started  # resume, the loader's first batches queued
+    if run.cfg.metrics.step_profile and run.mesh.rank == 0:  # start-up, before the first step's own line
+        print(startup_line(run.startup), flush=True)
+        with open(Path(run.cfg.training.run_dir) / "step_profile.jsonl", "a") as f:
+            f.write(json.dumps({"startup": run.startup}) + "\n")
     while state.step < run.cfg.training.steps and state.exit_code is None:
         state.step += 1
         timer = StepTimer.for_step(run, state.step)  # log steps: breakdown and whole-step profile
@@ -64,6 +70,12 @@ def _call_hooks(timer: StepTimer, hook: str, callbacks: list[Callback], call: Ca
         for cb in callbacks:
             with timer.part(f"{hook}/{type(cb).__name__}"):
                 call(cb)
+
+
+def startup_line(startup: dict) -> str:
+    """The start-up parts before the first step, in seconds (None: not measurable here)."""
+    parts = " | ".join(f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in startup.items())
+    return f"[titanloop] start-up (s): {parts} (then step 1: its profile line)"
 
 
 def write_profile(run: Run, record: dict) -> None:
@@ -134,7 +146,8 @@ def train_step(run: Run, batches, callbacks: list[Callback], timer: StepTimer | 
             with timer.part("zero_grad"):
                 engine.zero_grad()
     result.seconds = time.perf_counter() - start
-    result.timings = timer.finish(result.seconds)
+    with timer.part("wait"):  # the breakdown's all-gather of every rank's times waits for the slowest rank
+        result.timings = timer.finish(result.seconds)
     result.comms = {**(comms or {}), **(casts or {})}
     return result
 

@@ -37,7 +37,7 @@ loop iteration from the callbacks' pre_step to their post_step, in the order the
     optimizer   the optimizer step
     lr          the LR scheduler step
     post_step   the callbacks' post_step (metrics, checkpoint, preemption, non-finite stop, validation)
-    wait        the breakdown's barriers (metrics.breakdown)
+    wait        the breakdown's barriers and its all-gather of every rank's times (metrics.breakdown)
 
 On CUDA each part ends with torch.cuda.synchronize() (only while profiling). The parts are measured, and the wall
 time of the iteration minus their sum is reported as `uncovered` (interpreter glue between the parts). Rank 0
