@@ -5,12 +5,15 @@ ranks and a test-only launcher that records where the per-loop statistics are co
   log them all;
 - a NaN gradient injected on steps that log nothing is still caught on each of them (skipped, recorded);
 - the whole-step profile (metrics.step_profile) accounts for >= 95% of the wall time of every profiled step;
+- one process runs without torchrun (`python -m titanloop.train`), with no launcher to start first;
 - without a trainer: the objective's loss is the same bitwise with or without statistics.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,7 +22,7 @@ from titanloop.objectives.losses import ObjectiveConfig
 from titanloop.objectives.objective import loop_objective
 from titanloop.train.step_timer import PARTS
 
-from launch import REPO, SMALL_BATCH, train
+from launch import REPO, SMALL_BATCH, environment, train, trainer_args
 
 LOG_STEPS = [1, 3, 6]  # step 1 and every metrics.log_freq = 3 steps of 6
 NAN_STEPS = [2, 5]  # steps that log nothing
@@ -86,6 +89,25 @@ def test_the_whole_step_profile_covers_the_wall_step(run):
             assert inside <= r["parts"][hook] + 1e-9
     print("profile coverage per step", [round(r["covered"], 3) for r in records])
     assert sum(line.startswith("profile ") for line in proc.out.splitlines()) == len(LOG_STEPS)
+
+
+@pytest.mark.slow
+def test_one_process_runs_without_torchrun(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = {**SMALL_BATCH, "training.steps": 2, "metrics.log_freq": 1, "metrics.step_profile": True}
+    args = trainer_args(REPO / "train_configs" / "debug.toml", run_dir, overrides)
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanloop.train", *args],
+        cwd=REPO,
+        env=environment({"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "MASTER_PORT": None}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "world 1 = dp 1 x tp 1" in proc.stdout and "launcher n/a" in proc.stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
 
 
 @pytest.mark.parametrize("name", ["stage1", "final_only"])

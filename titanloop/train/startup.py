@@ -103,6 +103,24 @@ def default_comm() -> CommConfig:
     return CommConfig(init_timeout_seconds=300, train_timeout_seconds=300, trace_buf_size=0)
 
 
+def single_process_env() -> bool:
+    """`python -m titanloop.train ...` without torchrun: one process, world size 1, a rendezvous on a free local
+    port. Sets what torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+    unless a launcher already did; True when it did. Saves the launcher's own start-up (a second interpreter that
+    imports torch) for one-process runs."""
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return False
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    return True
+
+
 def init_mesh(cfg: TrainConfig, comm: CommConfig | None = None) -> Mesh:
     """Initialize torch.distributed (torchtitan's init_distributed: gloo on CPU, NCCL on GPU, or the fake
     backend of comm.mode='fake_backend') and build the dp x tp meshes."""
