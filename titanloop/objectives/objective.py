@@ -69,12 +69,15 @@ def loop_objective(
     jsrr_map=None,
     jsrr_state: torch.Tensor | None = None,
     jsrr_probes: torch.Tensor | None = None,
+    statistics: bool = True,
 ) -> tuple[torch.Tensor, dict]:
     """Scalar fp32 loss and statistics for one micro-batch.
 
     readouts/states: lists of [B, S, H] (one per loop); gate_logits [T, B, S]; labels [B, S] (-100 ignored).
     jsrr_map/jsrr_state/jsrr_probes: Φ, the state it is linearized at and the power iteration's starting
     directions (objectives.jsrr_probes; needed only when cfg.jsrr_weight > 0).
+    statistics=False: the loss alone, with {} for statistics (the trainer's steps that log nothing); the loss is
+    the same either way.
     """
     mask = labels != IGNORE_INDEX
     if cfg.name == "stage2_gate":  # the LM losses are detached: no readout gradient, so no CE backward
@@ -90,7 +93,7 @@ def loop_objective(
             ce = per_loop_cross_entropy(decoded, lm_head_weight, labels, cfg.ce_chunk_size)
             loss = (w * ce).sum()
         loss = loss + rest
-        if cfg.name == "final_only":  # statistics of the loops that were not decoded
+        if cfg.name == "final_only" and statistics:  # statistics of the loops that were not decoded
             with torch.no_grad():
                 ce = (
                     torch.cat(
@@ -101,9 +104,10 @@ def loop_objective(
                 )
     if cfg.scale_penalty > 0:
         loss = loss + scale_penalty(states, mask, cfg.scale_penalty)
-    stats = loop_statistics(ce, gate_logits, states, mask)
+    stats = loop_statistics(ce, gate_logits, states, mask) if statistics else {}
     if cfg.jsrr_weight > 0:
         l_jsrr = jsrr_loss(jsrr_map, jsrr_state, jsrr_probes, cfg.jsrr_power_steps)
         loss = (1 - cfg.jsrr_weight) * loss + cfg.jsrr_weight * l_jsrr
-        stats["jsrr"] = l_jsrr.detach()
+        if statistics:
+            stats["jsrr"] = l_jsrr.detach()
     return loss.float(), stats

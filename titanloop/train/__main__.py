@@ -1,4 +1,5 @@
-"""`torchrun -m titanloop.train --config train_configs/<name>.toml [--section.key value ...]`
+"""`torchrun -m titanloop.train --config train_configs/<name>.toml [--section.key value ...]`; one process also
+runs without torchrun: `python -m titanloop.train --config ...` (world size 1, no launcher to start first).
 
 The config and the mesh are validated before any process group exists: bad input is a one-line
 `error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3;
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import SECTIONS, load_config
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     # (CLI: torch.distributed and the trainer load only after the config is read and valid)
     from titanloop.train.run_callbacks import default_callbacks
     from titanloop.train.loop import train
-    from titanloop.train.startup import build_run
+    from titanloop.train.startup import build_run, single_process_env, start_up_seconds
 
     def report(e: ConfigError) -> None:
         # Problems found while starting (previous-stage checkpoint, resume state vs config): one line, exit 2.
@@ -98,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
 
     run, callbacks = None, []
     try:
+        single_process_env()  # no launcher: one process (torchrun's variables for world size 1)
+        before = start_up_seconds()  # interpreter, imports and config, and the launcher before this process
         run = build_run(cfg)
+        started = time.perf_counter()
         callbacks = default_callbacks(run)
+        run.startup = {**before, **run.startup, "callbacks": time.perf_counter() - started}
         print_summary(run)
         return train(run, callbacks)
     except ConfigError as e:

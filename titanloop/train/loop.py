@@ -3,18 +3,22 @@
 One step: T loops from the LoopSampler (a function of the step only, the same on every rank); for each
 micro-batch of the step (gradient accumulation; the batch-size ramp may change their number per step): forward
 T loops, the per-loop objective on the full sequence (titanloop.objectives.objective), backward through the engine
-(titanloop.train.engines); one all-reduce of [loss, per-loop statistics]; then the callbacks may veto the
-optimizer step (a non-finite loss on any rank skips it on every rank); clip, optimizer step, LR step (a non-finite
-gradient norm skips those two and is handled like a non-finite loss).
+(titanloop.train.engines); one all-reduce of [loss, per-loop statistics] (the statistics only on steps that log
+them: step 1, every metrics.log_freq steps, validation steps); one device-to-host read of the reduced values and
+the gradient norm; then the callbacks may veto the optimizer step (a non-finite loss on any rank skips it on every
+rank); clip, optimizer step, LR step (a non-finite gradient norm skips those two and is handled like a non-finite
+loss). Both checks run on every step.
 Everything else (metrics, checkpoints, preemption, ...) is a callback (titanloop.train.callbacks).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,31 +31,82 @@ from titanloop.parallel.float8 import count_weight_casts
 from titanloop.parallel.grad_norm import nonfinite_grad_names
 from titanloop.train.callbacks import Callback, StepResult
 from titanloop.train.startup import Mesh, Run
-from titanloop.train.step_timer import StepTimer
+from titanloop.train.step_timer import StepTimer, profile_line, profile_record
 
 
 def train(run: Run, callbacks: list[Callback]) -> int:
     """Train until training.steps or until a callback stops the run; returns the exit code (0, 3 or 75)."""
     state = run.state
+    started = time.perf_counter()
     for cb in callbacks:
         cb.pre_train(run)  # Checkpointing resumes every state from the run dir here
     batches = iter(run.dataloader)  # from the restored data position
+    run.startup["pre_train"] = time.perf_counter() - started  # resume, the loader's first batches queued
+    if run.cfg.metrics.step_profile and run.mesh.rank == 0:  # start-up, before the first step's own line
+        print(startup_line(run.startup), flush=True)
+        with open(Path(run.cfg.training.run_dir) / "step_profile.jsonl", "a") as f:
+            f.write(json.dumps({"startup": run.startup}) + "\n")
     while state.step < run.cfg.training.steps and state.exit_code is None:
         state.step += 1
-        for cb in callbacks:
-            cb.pre_step(run)
-        result = train_step(run, batches, callbacks)
+        timer = StepTimer.for_step(run, state.step)  # log steps: breakdown and whole-step profile
+        start = time.perf_counter()
+        _call_hooks(timer, "pre_step", callbacks, lambda cb: cb.pre_step(run))
+        result = train_step(run, batches, callbacks, timer=timer)
         state.ntokens_seen += result.tokens  # global: the same count at any world size
-        for cb in callbacks:
-            cb.post_step(run, result)  # metrics, checkpoint, preemption, non-finite stop
+        # metrics, checkpoint, preemption, non-finite stop
+        _call_hooks(timer, "post_step", callbacks, lambda cb: cb.post_step(run, result))
+        if timer.profile:
+            write_profile(run, profile_record(state.step, time.perf_counter() - start, timer.parts))
     return state.exit_code or 0
 
 
-def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
+def _call_hooks(timer: StepTimer, hook: str, callbacks: list[Callback], call: Callable[[Callback], None]) -> None:
+    """`call` on every callback; on profiled steps each callback's time is its own part (hook/<Name>)."""
+    if not timer.profile:
+        for cb in callbacks:
+            call(cb)
+        return
+    with timer.part(hook):
+        for cb in callbacks:
+            with timer.part(f"{hook}/{type(cb).__name__}"):
+                call(cb)
+
+
+def startup_line(startup: dict) -> str:
+    """The start-up parts before the first step, in seconds (None: not measurable here)."""
+    parts = " | ".join(f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in startup.items())
+    return f"[titanloop] start-up (s): {parts} (then step 1: its profile line)"
+
+
+def write_profile(run: Run, record: dict) -> None:
+    """Rank 0: the profile line on stdout and one row of <run_dir>/step_profile.jsonl."""
+    if run.mesh.rank != 0:
+        return
+    print(profile_line(record), flush=True)
+    with open(Path(run.cfg.training.run_dir) / "step_profile.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def logs_statistics(cfg, step: int) -> bool:
+    """Whether step `step` writes a metrics line (step 1, every metrics.log_freq steps, validation steps): only
+    those steps compute, reduce and read back the per-loop statistics; every step reduces the loss."""
+    v = cfg.validation
+    return (
+        step == 1
+        or step % cfg.metrics.log_freq == 0
+        or (v.enable and (step % v.freq == 0 or step == cfg.training.steps))
+    )
+
+
+def train_step(run: Run, batches, callbacks: list[Callback], timer: StepTimer | None = None) -> StepResult:
     """Forward/backward over the step's micro-batches, the all-reduced loss, then (unless a callback vetoes it)
-    clip + optimizer + LR step."""
+    clip + optimizer + LR step.
+
+    One device-to-host read per step: the reduced loss (with the statistics on log steps) and, on the FSDP2 engine,
+    the gradient norm come back together, so a non-finite loss or gradient is caught on every step at the cost of
+    the one read the optimizer's finiteness check needs anyway (as a gradient scaler does)."""
     cfg, engine, state = run.cfg, run.engine, run.state
-    timer = StepTimer.for_step(run, state.step)  # phase times on log steps only (titanloop.train.step_timer)
+    timer = timer or StepTimer.for_step(run, state.step)  # phase times on log steps only
     start = time.perf_counter()
     count_casts = cfg.metrics.count_comms and cfg.float8.recipe != "off"  # logged as comm/float8_weight_cast
     with (
@@ -61,13 +116,25 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         n_loops = run.loop_sampler(state.step)
         accum = run.dataloader.grad_accum_at(state.step - 1)
         lr = engine.lr()
-        acc = accumulate_gradients(run, batches, n_loops, accum, timer=timer)
+        statistics = logs_statistics(cfg, state.step)
+        acc = accumulate_gradients(run, batches, n_loops, accum, timer=timer, statistics=statistics)
+        norm_first = hasattr(engine, "grad_norm")  # FSDP2: the norm joins the one host read
         with timer.phase("allreduce"):
-            loss, per_loop = mean_over_ranks(acc.loss_sum, acc.stats_sum, run.mesh)
+            with timer.part("grad_norm"):
+                norm_t = engine.grad_norm() if norm_first else None
+            with timer.part("allreduce"):
+                loss, per_loop, norm = mean_over_ranks(acc.loss_sum, acc.stats_sum, run.mesh, norm_t)
         result = StepResult(state.step, n_loops, loss, per_loop, lr, doc_lengths=acc.doc_lengths, tokens=acc.tokens)
-        if all([cb.pre_optim_step(run, result) for cb in callbacks]):  # (every callback sees every step)
+        with timer.part("pre_optim"):
+            take = all([cb.pre_optim_step(run, result) for cb in callbacks])  # (every callback sees every step)
+        if take:
             with timer.phase("optimizer"):
-                grad_norm = float(engine.step(max_norm(cfg)))  # a non-finite norm: no optimizer/LR step was taken
+                if norm_first:
+                    engine.step(max_norm(cfg), grad_norm=norm_t, norm_value=norm, part=timer.part)
+                    grad_norm = norm
+                else:
+                    with timer.part("optimizer"):
+                        grad_norm = float(engine.step(max_norm(cfg)))  # non-finite: no optimizer/LR step taken
             if math.isfinite(grad_norm):
                 result.grad_norm = grad_norm
             else:
@@ -76,9 +143,11 @@ def train_step(run: Run, batches, callbacks: list[Callback]) -> StepResult:
         else:  # a non-finite loss: the gradients are unclipped
             result.nonfinite_grads = nonfinite_grad_names(engine.model)
         if result.skipped:
-            engine.zero_grad()
+            with timer.part("zero_grad"):
+                engine.zero_grad()
     result.seconds = time.perf_counter() - start
-    result.timings = timer.finish(result.seconds)
+    with timer.part("wait"):  # the breakdown's all-gather of every rank's times waits for the slowest rank
+        result.timings = timer.finish(result.seconds)
     result.comms = {**(comms or {}), **(casts or {})}
     return result
 
@@ -105,42 +174,51 @@ def accumulate_gradients(
     accum: int,
     before_micro_batch: Callable[[], None] | None = None,
     timer: StepTimer | None = None,
+    statistics: bool = True,
 ) -> Accumulated:
     """The gradient-accumulation part of a step, shared by the trainer (train_step) and the memory plan: zero the
     gradients, then forward T loops + objective and backward for each of `accum` micro-batches from `batches`
-    (gradients synchronized after the last one). `before_micro_batch` is a hook for the memory tracker."""
+    (gradients synchronized after the last one). `before_micro_batch` is a hook for the memory tracker.
+    statistics=False: the objective returns no per-loop statistics (steps that log none)."""
     engine = run.engine
     timer = timer or StepTimer(False)  # the memory plan times nothing
-    engine.zero_grad()
+    with timer.part("zero_grad"):
+        engine.zero_grad()
     loss_sum, stats_sum = torch.zeros((), device=run.mesh.device), None
     doc_lengths, tokens = [], 0
     for i in range(accum):
         if before_micro_batch is not None:
             before_micro_batch()
-        with timer.phase("data"):
+        with timer.phase("data"), timer.part("data"):
             batch = next(batches)
         if run.cfg.training.doc_masking:
             doc_lengths += document_lengths(batch["doc_ids"])  # a CPU tensor: no device sync
         tokens += batch["labels"].numel() * run.mesh.dp_world
         with timer.phase("forward"):
-            loss, stats = forward_objective(run, batch, n_loops)
-        with timer.phase("backward"):
+            loss, stats = forward_objective(run, batch, n_loops, timer=timer, statistics=statistics)
+        with timer.phase("backward"), timer.part("backward"):
             engine.backward(loss * (1.0 / accum), last_micro_batch=(i == accum - 1))
-        loss_sum += loss.detach() / accum
-        stats = {k: v / accum for k, v in stats.items()}
-        stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
+        with timer.part("statistics"):
+            loss_sum += loss.detach() / accum
+            stats = {k: v / accum for k, v in stats.items()}
+            stats_sum = stats if stats_sum is None else {k: stats_sum[k] + v for k, v in stats.items()}
         del loss
     return Accumulated(loss_sum, stats_sum, doc_lengths, tokens)
 
 
-def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor, dict]:
+def forward_objective(
+    run: Run, batch: dict, n_loops: int, timer: StepTimer | None = None, statistics: bool = True
+) -> tuple[torch.Tensor, dict]:
     """One micro-batch (a dict of CPU tensors from titanloop.data): forward T loops, then the objective on the
-    full sequence (gathered from the tp ranks under sequence parallelism). Returns (loss, statistics)."""
+    full sequence (gathered from the tp ranks under sequence parallelism). Returns (loss, statistics); the
+    statistics are {} unless `statistics`."""
     cfg, mesh = run.cfg, run.mesh
+    timer = timer or StepTimer(False)
     # pinned on CUDA (the loader's prefetch thread): the copies are asynchronous; the document ids stay on the host,
     # where the model reads the document boundaries without waiting for the GPU
-    input_ids = batch["input_ids"].to(mesh.device, non_blocking=True)
-    labels = batch["labels"].to(mesh.device, non_blocking=True)
+    with timer.part("h2d"):
+        input_ids = batch["input_ids"].to(mesh.device, non_blocking=True)
+        labels = batch["labels"].to(mesh.device, non_blocking=True)
     doc_ids = batch["doc_ids"] if cfg.training.doc_masking else None
 
     # truncated backpropagation through depth: the objective sees the last k loops, those with a graph
@@ -148,10 +226,15 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
     init_seed = initial_state_seed(cfg.training.seed, batch) if cfg.looplm.init_state == "random" else None
 
     def forward_and_objective(model):
-        if backprop or init_seed is not None:
-            out = model(input_ids, n_loops, doc_ids=doc_ids, backprop_loops=backprop, init_seed=init_seed)
-        else:
-            out = model(input_ids, n_loops, doc_ids=doc_ids)
+        with timer.part("model"):
+            if backprop or init_seed is not None:
+                out = model(input_ids, n_loops, doc_ids=doc_ids, backprop_loops=backprop, init_seed=init_seed)
+            else:
+                out = model(input_ids, n_loops, doc_ids=doc_ids)
+        with timer.part("objective"):
+            return objective(model, out)
+
+    def objective(model, out):
         readouts = [gather_sequence(r, mesh.sp_mesh) for r in out.readouts]
         states = [gather_sequence(s, mesh.sp_mesh) for s in out.states]
         gates = gather_sequence(out.gate_logits, mesh.sp_mesh, seq_dim=2)
@@ -162,7 +245,16 @@ def forward_objective(run: Run, batch: dict, n_loops: int) -> tuple[torch.Tensor
             # resumed run (any world size) draws the same directions
             probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
         return loop_objective(
-            cfg.objective, readouts, states, gates, labels, model.lm_head.weight, jsrr_map, jsrr_state, probes
+            cfg.objective,
+            readouts,
+            states,
+            gates,
+            labels,
+            model.lm_head.weight,
+            jsrr_map,
+            jsrr_state,
+            probes,
+            statistics=statistics,
         )
 
     return run.engine.forward(forward_and_objective)
@@ -176,16 +268,27 @@ def initial_state_seed(seed: int, batch: dict) -> int:
     return (seed * 0x9E3779B97F4A7C15 + first * 0xBF58476D1CE4E5B9 + 0x5851F42D4C957F2D) % (1 << 63)
 
 
-def mean_over_ranks(loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh) -> tuple[float, dict]:
+def mean_over_ranks(
+    loss_sum: torch.Tensor, stats_sum: dict, mesh: Mesh, grad_norm: torch.Tensor | None = None
+) -> tuple[float, dict, float | None]:
     """One all-reduce carries the loss and every statistic; tp replicas hold equal values, so the world mean is
-    the mean over data-parallel ranks. A NaN/Inf on any rank makes the reduced loss non-finite on every rank."""
+    the mean over data-parallel ranks. A NaN/Inf on any rank makes the reduced loss non-finite on every rank.
+    `grad_norm` (already reduced) comes back in the same device-to-host read. Returns (loss, statistics, norm)."""
     keys = sorted(stats_sum)
-    packed = torch.cat([loss_sum.view(1)] + [stats_sum[k].reshape(-1).float() for k in keys]).to(mesh.device)
+    if keys:
+        packed = torch.cat([loss_sum.view(1)] + [stats_sum[k].reshape(-1).float() for k in keys]).to(mesh.device)
+    else:  # a step that logs nothing: the loss alone
+        packed = loss_sum.reshape(1).to(mesh.device)
     dist.all_reduce(packed)
-    packed = (packed / mesh.world_size).cpu()
+    packed = packed / mesh.world_size
+    if grad_norm is not None:  # float64: any norm dtype and the float32 loss/statistics come back exactly
+        host = torch.cat([packed.double(), grad_norm.reshape(1).double()]).cpu()
+        norm = float(host[-1])
+    else:
+        host, norm = packed.cpu(), None
     per_loop, offset = {}, 1
     for k in keys:
         n = stats_sum[k].numel()
-        per_loop[k] = packed[offset : offset + n].tolist()
+        per_loop[k] = host[offset : offset + n].tolist()
         offset += n
-    return float(packed[0]), per_loop
+    return float(host[0]), per_loop, norm

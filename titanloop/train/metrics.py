@@ -47,6 +47,10 @@ class MetricsSection:
     # loss all-reduce, optimizer; a barrier ends each phase on log steps only, so waiting for other ranks is its
     # own row and the slowest rank can be named. false: no barriers, no breakdown.
     breakdown: bool = True
+    # Whole-step profile on log steps (titanloop.train.step_timer): every part of the iteration from the callbacks'
+    # pre_step to their post_step, timed (a device synchronize after each on CUDA), to stdout and
+    # <run_dir>/step_profile.jsonl. false: free.
+    step_profile: bool = False
     straggler_warn: float = 0.0  # warn when a rank's busy time is this many times the median rank's (0 = never)
 
     def validate(self):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class Run:
     param_dtype: torch.dtype
     state: TrainState = field(default_factory=TrainState)
     n_trainable: int = 0  # parameters the optimizer updates (all but frozen ones: stage II, retrofit base)
+    startup: dict = field(default_factory=dict)  # seconds of each part of build_run (start_up_seconds)
 
     def close(self) -> None:
         # Stop the loader's prefetch thread before the interpreter shuts down: a thread still building a batch
@@ -99,6 +101,24 @@ class Run:
 
 def default_comm() -> CommConfig:
     return CommConfig(init_timeout_seconds=300, train_timeout_seconds=300, trace_buf_size=0)
+
+
+def single_process_env() -> bool:
+    """`python -m titanloop.train ...` without torchrun: one process, world size 1, a rendezvous on a free local
+    port. Sets what torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+    unless a launcher already did; True when it did. Saves the launcher's own start-up (a second interpreter that
+    imports torch) for one-process runs."""
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return False
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    return True
 
 
 def init_mesh(cfg: TrainConfig, comm: CommConfig | None = None) -> Mesh:
@@ -203,15 +223,56 @@ def build_checkpointer(cfg: TrainConfig, engine: Engine, dataloader: PackedLoade
 
 
 def build_run(cfg: TrainConfig, comm: CommConfig | None = None) -> Run:
-    mesh = init_mesh(cfg, comm)
+    clock = _Clock()
+    mesh = clock("mesh", init_mesh(cfg, comm))
     stage_init = bool(cfg.stage.init_from) and not run_dir_has_checkpoint(cfg)  # else: auto-resume as usual
-    model = build_model(cfg)
+    model = clock("model", build_model(cfg))
     unique = {id(p): p for p in model.parameters()}.values()
     n_params, n_trainable = sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
     dtype = param_dtype(cfg, mesh.device_type)
     state = TrainState()
     engine = with_fault_injection(build_stage_engine(cfg, model, mesh, dtype, stage_init), cfg.training, state, mesh)
+    clock("engine", engine)  # parallelize, this rank's shards, optimizer, LR schedule (previous stage)
     loop_sampler = LoopSampler(cfg.loop_sampler, cfg.training.steps)
-    dataloader = build_data(cfg, mesh)
-    checkpointer = build_checkpointer(cfg, engine, dataloader, state)
-    return Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, n_trainable)
+    dataloader = clock("data", build_data(cfg, mesh))
+    checkpointer = clock("checkpointer", build_checkpointer(cfg, engine, dataloader, state))
+    run = Run(cfg, mesh, engine, dataloader, checkpointer, loop_sampler, n_params, dtype, state, n_trainable)
+    run.startup = clock.seconds
+    return run
+
+
+class _Clock:
+    """clock(name, value) -> value, recording the seconds since the previous call (or since the clock was made)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def __call__(self, name: str, value):
+        now = time.perf_counter()
+        self.seconds[name] = now - self.last
+        self.last = now
+        return value
+
+
+def start_up_seconds(process_seconds: float | None = None) -> dict:
+    """Seconds since this process started (`process`: interpreter, imports, config; read from /proc, Linux) and,
+    when a launcher such as torchrun started it, from the launcher's start to this process's (`launcher`); None
+    where /proc cannot tell."""
+    out = {"process": process_seconds if process_seconds is not None else _age(os.getpid())}
+    out["launcher"] = (
+        None
+        if "TORCHELASTIC_RUN_ID" not in os.environ or out["process"] is None or _age(os.getppid()) is None
+        else _age(os.getppid()) - out["process"]
+    )
+    return out
+
+
+def _age(pid: int) -> float | None:
+    """Seconds since process `pid` started (/proc/<pid>/stat's start time; 10 ms resolution), None off Linux."""
+    try:
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -5,6 +5,8 @@ containers. It implements the engine seam of titanloop.train.engines.base.
 
 from __future__ import annotations
 
+import math
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -18,6 +20,10 @@ from titanloop.parallel.grad_norm import clip_grads_, nonfinite_grad_names, tota
 from titanloop.recipe.schedules import StagedLRSchedulers
 from titanloop.train.engines.base import build_lr_schedulers, init_weights
 from titanloop.train.engines.config import EngineSettings, OptimizerSection
+
+
+def _no_part(name: str):
+    return nullcontext()
 
 
 class FSDP2Engine:
@@ -38,16 +44,42 @@ class FSDP2Engine:
         if last_micro_batch:
             reshard_looped_layers(self.model)  # the looped stack stayed unsharded through all T backward calls
 
-    def step(self, max_norm: float) -> torch.Tensor:
+    def grad_norm(self) -> torch.Tensor:
+        """The gradient norm over all ranks, left on the device (the trainer reads it with the loss, one read)."""
+        return total_grad_norm([p for p in self.model.parameters() if p.requires_grad])
+
+    def step(
+        self,
+        max_norm: float,
+        grad_norm: torch.Tensor | None = None,
+        norm_value: float | None = None,
+        part: Callable[[str], Any] | None = None,
+    ) -> torch.Tensor:
+        """Clip, optimizer and LR step unless the norm is non-finite. `grad_norm`/`norm_value`: the norm from
+        `grad_norm()` and its value as already read on the host (else computed and read here). `part`: the
+        whole-step profile's timer (titanloop.train.step_timer)."""
+        part = part or _no_part
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = total_grad_norm(params)  # one norm per mesh group under TP, combined
+        if grad_norm is None:
+            with part("grad_norm"):
+                grad_norm = total_grad_norm(params)  # one norm per mesh group under TP, combined
         self.nonfinite_grads = []
         # The norm is reduced over all ranks: every rank takes the same branch (one device-to-host read per step).
         # On fake tensors (the dry run's memory plan) the value is unknown and the step is planned as a finite one.
-        if is_fake(grad_norm) or torch.isfinite(grad_norm):
-            clip_grads_(params, max_norm, grad_norm)
-            self.optimizers.step()
-            self.lr_schedulers.step()
+        if norm_value is not None:
+            finite = math.isfinite(norm_value)
+        else:
+            finite = is_fake(grad_norm) or bool(torch.isfinite(grad_norm))
+        if finite:
+            # min(1, max_norm / (norm + 1e-6)) is 1 when the norm is clearly below the bound: gradients * 1.0 are
+            # the gradients, so that scaling is skipped (the margin covers float32 rounding of the quotient)
+            if norm_value is None or not norm_value * (1 + 1e-5) + 1e-5 < max_norm:
+                with part("clip"):
+                    clip_grads_(params, max_norm, grad_norm)
+            with part("optimizer"):
+                self.optimizers.step()
+            with part("lr"):
+                self.lr_schedulers.step()
             if self.float8_all_gather:  # the next all-gathers' float8 scales, one all-reduce for all weights
                 precompute_scales(self.model)
         else:  # which local gradients went bad
