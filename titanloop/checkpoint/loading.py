@@ -269,9 +269,10 @@ def checkpoint_model_config(path) -> LoopLMConfig:
 
 
 def refuse_nonfinite(model: torch.nn.Module, path) -> None:
-    """One-line CheckpointError naming the first parameter or buffer of `model` with a NaN or an infinity."""
+    """One-line CheckpointError naming the first parameter or buffer of `model` with a NaN or an infinity (tensors
+    on the meta device hold no values and pass)."""
     for name, t in model.state_dict().items():
-        if torch.is_floating_point(t) and not bool(torch.isfinite(t).all()):
+        if torch.is_floating_point(t) and not t.is_meta and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise CheckpointError(
                 f"checkpoint {str(path)!r} has {bad} non-finite value(s) in tensor {name!r}: it is corrupt or "

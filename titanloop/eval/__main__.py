@@ -142,9 +142,7 @@ def _sweep(args) -> None:
             setattr(cfg, {"q": "q_thresholds", "margin": "margin_thresholds"}.get(name, name), value)
     # everything that can be checked without the weights first: --out, the options against the model's config, the
     # data (and its tokenizer against the checkpoint's), so a bad argument answers in seconds, not after the load
-    out = check_output(
-        args.out, "--out", overwrite=args.overwrite, kind="dir", inputs=[("the checkpoint", args.checkpoint)]
-    )
+    check_output(args.out, "--out", overwrite=args.overwrite, kind="dir", inputs=[("the checkpoint", args.checkpoint)])
     model_cfg = checkpoint_model_config(args.checkpoint)
     cfg.validate(model_cfg)
     dataset = load_data(
@@ -169,7 +167,7 @@ def _sweep(args) -> None:
             "dtype": _dtype_name(args.dtype),
         },
     )
-    paths = write_report(report, out)
+    paths = write_report(report, args.out)
     print(f"\n{'loops':>5} {'loss':>8} {'ppl':>10} {'tok_acc':>8} {'seq_acc':>8}")
     for p in report["depth_sweep"]["points"]:
         print(
