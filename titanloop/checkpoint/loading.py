@@ -9,6 +9,9 @@ Accepted formats:
      tensors are read (not the optimizer).
 Anything else is refused with a one-line ConfigError naming the path and the accepted formats.
 
+Integrity: a DCP checkpoint's files are checked against its manifest (size and crc32 of every file) before a
+tensor is read, as a resume checks them, and a model with a NaN or infinite weight is refused (either format).
+
 Where the model goes: `device` and `dtype` (`resolve_device` / `resolve_dtype`: "auto" is CUDA in bfloat16
 when torch.cuda.is_available(), else the CPU in float32). The model is built on the meta device and allocated
 once, uninitialized, on the target device in the target dtype; the stored tensors are then read into it one at
@@ -25,9 +28,11 @@ import torch
 
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, LoopLMConfig, preset
-from titanloop.interchange.ouro_hf import import_ouro_hf
+from titanloop.interchange.ouro_hf import import_ouro_hf, read_ouro_config
 from titanloop.checkpoint.safe_reader import load_dcp, read_dcp_metadata
 from titanloop.checkpoint import layout
+from titanloop.checkpoint.errors import CheckpointError
+from titanloop.data.tokenizer import tokenizer_fingerprint
 
 ACCEPTED = (
     "an Ouro Hugging Face directory (config.json + *.safetensors, from titanloop.interchange export_ouro_hf)",
@@ -120,6 +125,25 @@ def checkpoint_tokenizer(path) -> str | None:
     return None
 
 
+def check_tokenizer(path, tokenizer: str, what: str, fix: str) -> str | None:
+    """Refuse (one-line ConfigError) a tokenizer whose fingerprint is not the one of the tokenizer the checkpoint at
+    `path` names (`checkpoint_tokenizer`): its text would be other token ids than the model learned. `tokenizer`
+    is a tokenizer.json path or an "sha1:..." fingerprint (e.g. a shard manifest's); `what` names it in the message
+    (e.g. "--tokenizer='tok.json'"), `fix` says what to do instead. Returns the checkpoint's tokenizer path, or
+    None when it names none (nothing to compare with)."""
+    own = checkpoint_tokenizer(path)
+    if own is None:
+        return None
+    theirs = tokenizer if str(tokenizer).startswith("sha1:") else tokenizer_fingerprint(tokenizer)
+    expected = tokenizer_fingerprint(own)
+    if theirs != expected:
+        raise ConfigError(
+            f"{what} is not the checkpoint's tokenizer: fingerprint {theirs}, the checkpoint {str(path)!r} was "
+            f"trained with {own} ({expected}); {fix}"
+        )
+    return own
+
+
 DEVICE_VALUES = "auto, cpu, cuda or cuda:N"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -179,6 +203,28 @@ def empty_looplm(cfg: LoopLMConfig, device, dtype: torch.dtype | None = None) ->
     return model
 
 
+def verify_checkpoint_files(path: Path) -> None:
+    """Every file the manifest of step dir `path` lists, with its size and crc32, as a resume checks them: a flipped
+    or cut byte is a one-line CheckpointError here instead of a wrong weight. In one process it reads every file;
+    when torch.distributed is initialized (a new stage loading the previous one on every rank, as DCP's collective
+    load does) each rank checks its share of the bytes and every rank raises the first error any rank found."""
+    manifest = layout.read_manifest(path)
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        layout.verify_files(path, manifest)
+        return
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    error = None
+    try:
+        layout.verify_files(path, manifest, layout.crc_share(manifest, rank, world))
+    except CheckpointError as e:
+        error = str(e)
+    errors: list = [None] * world
+    torch.distributed.all_gather_object(errors, error)
+    error = next((e for e in errors if e), None)
+    if error:
+        raise CheckpointError(error)
+
+
 def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, ...] = ()) -> None:
     """Read the `model/...` tensors of the DCP step dir `path` into `model`'s own tensors, in place, on whatever
     device and in whatever dtype they are (model tensors only, through the restricted reader, which reads one
@@ -186,6 +232,7 @@ def load_dcp_model_weights(model: torch.nn.Module, path: Path, tied: tuple[str, 
     absent because they share another one's storage."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    verify_checkpoint_files(path)
     stored = read_dcp_metadata(path / ".metadata").state_dict_metadata
     live = model.state_dict()  # detached views of the parameters: loading writes into the model itself
     targets = {f"model/{k}": v for k, v in live.items() if f"model/{k}" in stored}
@@ -212,6 +259,27 @@ def _load_dcp(path: Path, device, dtype) -> LoopLM:
     return model
 
 
+def checkpoint_model_config(path) -> LoopLMConfig:
+    """The model config of a checkpoint (formats in the module docstring), from its config files alone: no tensor
+    is read, so a command can check its arguments against the model before loading it."""
+    if checkpoint_format(path) == "ouro_hf":
+        return read_ouro_config(path)
+    step, manifest = published_step_dir(Path(path))
+    return _model_config_from_manifest(manifest, step)
+
+
+def refuse_nonfinite(model: torch.nn.Module, path) -> None:
+    """One-line CheckpointError naming the first parameter or buffer of `model` with a NaN or an infinity (tensors
+    on the meta device hold no values and pass)."""
+    for name, t in model.state_dict().items():
+        if torch.is_floating_point(t) and not t.is_meta and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} has {bad} non-finite value(s) in tensor {name!r}: it is corrupt or "
+                "from a diverged run; use an earlier checkpoint"
+            )
+
+
 def load_model(path, device="cpu", dtype: torch.dtype | str | None = None) -> LoopLM:
     """Load a LoopLM from `path` (formats in the module docstring), in eval mode, straight onto `device` in
     `dtype` (see `resolve_device` / `resolve_dtype`; "auto" for either picks CUDA + bfloat16 when there is a
@@ -225,4 +293,5 @@ def load_model(path, device="cpu", dtype: torch.dtype | str | None = None) -> Lo
         model = _load_dcp(Path(path), device, dtype)
     if not isinstance(model, LoopLM):
         raise ConfigError(f"checkpoint path={str(path)!r} did not load as a LoopLM (got {type(model).__name__})")
+    refuse_nonfinite(model, path)
     return model.eval()

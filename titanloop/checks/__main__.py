@@ -59,6 +59,8 @@ from pathlib import Path
 from titanloop.checks import numerics as nm
 from titanloop.checks import runs
 from titanloop.checks.numerics import Check
+from titanloop.cli import check_output
+from titanloop.config_errors import ConfigError
 from titanloop.checks.verdicts import (
     RunResult,
     float8_checks,
@@ -424,9 +426,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=None, help="GPUs the plans are for without CUDA (default 1)")
     p.add_argument("--plans", type=Path, default=None, help="reuse the memory plans of an earlier json (--out)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole check (default: none)")
-    p.add_argument("--out", type=Path, default=Path("runs/titanloop_checks.json"),
-                   help="the json (default %(default)s; as a dated record: benchmarks/results/<date>-<device>-"
-                   "check.json)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/titanloop_checks.json"),
+        help="the json (default %(default)s; an existing file is refused unless --overwrite; as a dated record: "
+        "benchmarks/results/<date>-<device>-check.json)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--smoke", action="store_true", help="every row's orchestration on the CPU at tiny sizes")
     a = p.parse_args(argv)
     a.rows = [r.strip() for r in a.rows.split(",") if r.strip()]
@@ -462,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--record-kernels"]:  # inside the kernel-choice run's torchrun worker
         return record_kernels_main(argv[1], argv[2:])
     a = parse_args(argv)
+    try:  # before anything runs: an earlier check's json is not replaced unasked (nor --plans, which it reads)
+        check_output(a.out, "--out", overwrite=a.overwrite, kind="file", inputs=[("--plans", a.plans)])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     import torch
 
     cuda = torch.cuda.is_available() and not a.smoke

@@ -24,6 +24,10 @@ def tokenizer_fingerprint(path: str) -> str:
             obj = json.load(f)
         except json.JSONDecodeError as e:
             raise ConfigError(f"tokenizer={path!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"tokenizer={path!r} is not a text file (not UTF-8): expected a Hugging Face tokenizer.json"
+            ) from None
     canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha1:" + hashlib.sha1(canonical.encode("utf-8")).hexdigest()
 
@@ -32,7 +36,14 @@ def load_tokenizer(path: str):
     from tokenizers import Tokenizer
 
     tokenizer_fingerprint(path)  # one-line error for a missing or broken file
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a plain Exception for JSON that is not a tokenizer
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"tokenizer={path!r} is not a Hugging Face tokenizer.json ({reason}): expected a file written by "
+            "data_pipelines.tokenizer or a model's tokenizer.json"
+        ) from None
 
 
 def find_eos_id(tokenizer, eos_token: str | None = None) -> int:

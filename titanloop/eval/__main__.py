@@ -9,6 +9,12 @@ python -m titanloop.eval compare eval_a eval_b runs/c --labels a,b,c --out cmp  
 
 Both subcommands load the model straight onto --device in --dtype (default auto: CUDA in bfloat16 when
 torch.cuda.is_available(), else the CPU in float32) and compute there.
+
+Bad input answers with one line and a nonzero exit (--debug or TITANLOOP_DEBUG=1: the traceback), before the model
+is loaded where it can: sweep refuses a non-empty --out unless --overwrite. A DCP checkpoint's files are checked
+against its manifest (size, crc32) and a NaN or infinite weight is refused; shards (--data) and --tokenizer must
+match the tokenizer the checkpoint names; --prompt characters the tokenizer lacks are an error (--allow-unknown:
+a warning).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from titanloop.cli import DEBUG_ENV, check_output, debug_enabled, one_line_errors
 from titanloop.config_errors import ConfigError
 
 DATA_HELP = (
@@ -48,13 +55,25 @@ def _floats(s: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of numbers") from None
 
 
-def load_data(spec: str, seed: int = 0, *, seq_len: int = 256, batch_size: int = 8, vocab_size: int | None = None):
-    """The --data argument -> a dataset titanloop.eval accepts (see DATA_HELP)."""
+def load_data(
+    spec: str,
+    seed: int = 0,
+    *,
+    seq_len: int = 256,
+    batch_size: int = 8,
+    vocab_size: int | None = None,
+    checkpoint: str | None = None,
+):
+    """The --data argument -> a dataset titanloop.eval accepts (see DATA_HELP). With `checkpoint`, shards must have
+    been written with the tokenizer the checkpoint names (fingerprints compared as training compares them)."""
     import torch  # (CLI: `--help` and argument errors answer before torch is imported)
 
-    from titanloop.data import DataConfig  # (CLI: as torch)
+    from titanloop.checkpoint.loading import check_tokenizer, checkpoint_tokenizer  # (CLI: as torch)
+    from titanloop.data import DataConfig
     from titanloop.data.shard_format import MANIFEST
-    from titanloop.data.shards import whole_set_batches
+    from titanloop.data.shards import read_manifest, whole_set_batches
+
+    own = checkpoint_tokenizer(checkpoint) if checkpoint is not None else None
 
     if spec.startswith("task:"):
         return DataConfig(kind="synthetic_task", task=spec[len("task:") :], split="eval", seed=seed)
@@ -62,17 +81,32 @@ def load_data(spec: str, seed: int = 0, *, seq_len: int = 256, batch_size: int =
         return DataConfig(kind="synthetic_text", seed=seed)
     path = Path(spec)
     if path.is_dir() and (path / MANIFEST).is_file():
-        shards = DataConfig(kind="shards", sources=[{"path": str(path)}])
+        if own is not None:  # the manifest's fingerprint against the checkpoint's tokenizer, before a token is read
+            written_with = read_manifest(str(path)).tokenizer.get("fingerprint")
+            check_tokenizer(
+                checkpoint,
+                str(written_with),
+                f"--data={spec!r}",
+                "re-tokenize the data with the checkpoint's tokenizer",
+            )
+        shards = DataConfig(kind="shards", sources=[{"path": str(path)}], tokenizer=own)
         return whole_set_batches(shards, seq_len=seq_len, vocab_size=vocab_size or 2**31, batch_size=batch_size)
     if not path.is_file():
         raise ConfigError(f"--data={spec!r} is invalid: {DATA_HELP}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"--data={spec!r} is not a UTF-8 text file: {DATA_HELP}") from None
     if path.suffix == ".json":
         try:
-            return DataConfig.from_dict(json.loads(path.read_text()))
+            cfg = DataConfig.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
             raise ConfigError(f"--data={spec!r}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if own is not None and cfg.kind not in ("synthetic_task", "synthetic_text") and cfg.tokenizer is None:
+            cfg.tokenizer = own  # the loader then refuses shards of another tokenizer, as training does
+        return cfg
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -89,7 +123,8 @@ def load_data(spec: str, seed: int = 0, *, seq_len: int = 256, batch_size: int =
 
 
 def _sweep(args) -> None:
-    from titanloop.eval import EvalConfig, evaluate, load_model, write_report  # (CLI: torch only once needed)
+    from titanloop.checkpoint.loading import checkpoint_model_config  # (CLI: torch only once needed)
+    from titanloop.eval import EvalConfig, evaluate, load_model, write_report
 
     cfg = EvalConfig(
         loops=args.loops,
@@ -108,11 +143,21 @@ def _sweep(args) -> None:
         value = getattr(args, name)
         if value is not None:
             setattr(cfg, {"q": "q_thresholds", "margin": "margin_thresholds"}.get(name, name), value)
+    # everything that can be checked without the weights first: --out, the options against the model's config, the
+    # data (and its tokenizer against the checkpoint's), so a bad argument answers in seconds, not after the load
+    check_output(args.out, "--out", overwrite=args.overwrite, kind="dir", inputs=[("the checkpoint", args.checkpoint)])
+    model_cfg = checkpoint_model_config(args.checkpoint)
+    cfg.validate(model_cfg)
+    dataset = load_data(
+        args.data,
+        args.seed,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        vocab_size=model_cfg.vocab_size,
+        checkpoint=args.checkpoint,
+    )
     print(f"loading {args.checkpoint} on {args.device} in {_dtype_name(args.dtype)}", flush=True)
     model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
-    dataset = load_data(
-        args.data, args.seed, seq_len=args.seq_len, batch_size=args.batch_size, vocab_size=model.cfg.vocab_size
-    )
     report = evaluate(
         model,
         dataset,
@@ -153,7 +198,7 @@ def _compare(args) -> None:
 def _generate(args) -> None:
     import torch  # (CLI: torch only once a subcommand runs)
 
-    from titanloop.checkpoint.loading import checkpoint_tokenizer  # torch: only for a command that loads one
+    from titanloop.checkpoint.loading import check_tokenizer, checkpoint_tokenizer  # torch: only for a command
     from titanloop.data.tokenizer import find_eos_id, load_tokenizer
     from titanloop.eval import load_model  # (CLI: as torch)
     from titanloop.eval.generate import GenerationConfig, generate
@@ -166,10 +211,16 @@ def _generate(args) -> None:
                 f"--prompt needs a tokenizer: {args.checkpoint} names none (no tokenizer.json beside it, no [data] "
                 "tokenizer in its config); pass --tokenizer tokenizer.json"
             )
+        if args.tokenizer is not None:  # text through another tokenizer would be other ids than the model learned
+            check_tokenizer(
+                args.checkpoint, args.tokenizer, f"--tokenizer={args.tokenizer!r}", "pass it, or leave out --tokenizer"
+            )
         tokenizer = load_tokenizer(path)
-        prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+        encoding = tokenizer.encode(args.prompt, add_special_tokens=False)
+        prompt_ids = encoding.ids
         if not prompt_ids:
             raise ConfigError("--prompt is empty: give some text to continue, e.g. --prompt 'ROMEO:'")
+        _check_unknown(tokenizer, encoding, args.prompt, args.allow_unknown)
     else:
         prompt_ids = args.prompt_ids
         if not prompt_ids:
@@ -217,11 +268,33 @@ def _generate(args) -> None:
     print(json.dumps(stats), file=sys.stderr)
 
 
+def _check_unknown(tokenizer, encoding, prompt: str, allow: bool) -> None:
+    """Characters of the prompt the tokenizer has no token for (they encode as its unknown token): an error naming
+    them, or with --allow-unknown a warning with their count."""
+    unk = getattr(tokenizer.model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if unk else None
+    if unk_id is None:
+        return
+    spans = [encoding.offsets[i] for i, t in enumerate(encoding.ids) if t == unk_id]
+    if not spans:
+        return
+    chars = sorted({prompt[a:b] for a, b in spans})
+    n = sum(b - a for a, b in spans)
+    shown = ", ".join(repr(c) for c in chars[:10]) + (f" and {len(chars) - 10} more" if len(chars) > 10 else "")
+    if not allow:
+        raise ConfigError(
+            f"--prompt has {n} character(s) the tokenizer lacks ({shown}); they would become {unk}: remove them, or "
+            "pass --allow-unknown to generate anyway"
+        )
+    print(f"warning: --prompt has {n} character(s) the tokenizer lacks ({shown}), encoded as {unk}", file=sys.stderr)
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
 def _add_placement(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help=f"show the traceback of an error ({DEBUG_ENV}=1 too)")
     p.add_argument(
         "--device",
         default="auto",
@@ -255,7 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", help=ckpt_help)
     _add_placement(s)
     s.add_argument("--data", required=True, help=DATA_HELP)
-    s.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
+    s.add_argument(
+        "--out", default="eval_out", help="output directory, new or empty unless --overwrite (default: eval_out)"
+    )
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --out, replacing the report.json and plots of an earlier sweep there",
+    )
     s.add_argument(
         "--loops",
         type=_ints,
@@ -331,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizer.json for --prompt (default: tokenizer.json beside an exported checkpoint, or the training "
         "config's [data] tokenizer)",
     )
+    g.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="generate even when --prompt has characters the tokenizer lacks (they become its unknown token; a "
+        "warning gives their count); without it they are an error",
+    )
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument(
         "--context", type=int, default=None, help="tokens a token attends to (default: the model's max_seq_len)"
@@ -360,10 +446,7 @@ def main(argv: list[str] | None = None) -> None:
             args.dtype = resolve_dtype(args.dtype, args.device, "--dtype")
         except ConfigError as e:
             parser.exit(2, f"error: {e}\n")
-    try:
-        args.func(args)
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+    one_line_errors(args.func, args, debug=debug_enabled(getattr(args, "debug", False)))
 
 
 if __name__ == "__main__":

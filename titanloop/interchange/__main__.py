@@ -6,6 +6,11 @@
                                                                 tokenizer.json (--tokenizer, default the run's own)
     python -m titanloop.interchange verify DIR                  import, export to a temp dir, compare bitwise
 
+`export` refuses a non-empty --out unless --overwrite is given (then the previous export's weights, config.json and
+tokenizer.json are replaced; a tokenizer.json is never left from another model). A trained checkpoint is checked
+before export as a resume checks it (size and crc32 of every file), and a NaN or infinite weight is refused. Errors
+are one line; --debug (or TITANLOOP_DEBUG=1) shows the traceback.
+
 `export` writes a trained checkpoint (--checkpoint: a titanloop DCP checkpoint or folder, and its tokenizer.json
 beside the weights, so Hugging Face code, `titanloop.eval generate --prompt` and the lm-eval adapter find it), or a
 freshly initialized model of a preset (seeded), e.g. to hand a tiny Ouro checkpoint to evaluation code.
@@ -21,6 +26,7 @@ import tempfile
 
 import torch
 
+from titanloop.cli import DEBUG_ENV, check_output, debug_enabled, one_line_errors, resolved
 from titanloop.config_errors import ConfigError
 from titanloop.interchange.ouro_hf import _DTYPES, DEFAULT_MAX_SHARD_BYTES, export_ouro_hf, import_ouro_hf, summarize
 from titanloop.model import LoopLM, LoopLMConfig, preset
@@ -65,6 +71,18 @@ def cmd_inspect(args) -> None:
 
 
 def cmd_export(args) -> None:
+    # the target and the inputs first: a refused --out answers before any model is loaded or built
+    out = check_output(
+        args.out,
+        "--out",
+        overwrite=args.overwrite,
+        kind="dir",
+        inputs=[("--checkpoint", args.checkpoint), ("--tokenizer", args.tokenizer)],
+    )
+    if args.tokenizer is not None:
+        from titanloop.data.tokenizer import tokenizer_fingerprint  # tokenizers: only when one is copied
+
+        tokenizer_fingerprint(args.tokenizer)  # a missing or broken file is refused before anything is loaded
     tokenizer = None
     if args.checkpoint:
         # a training checkpoint needs the trainer's loader (torch, DCP); an HF export alone does not
@@ -87,18 +105,24 @@ def cmd_export(args) -> None:
         tokenizer_fingerprint(tokenizer)  # a missing or broken file is refused before anything is written
     out = export_ouro_hf(
         model,
-        args.out,
+        out,
         dtype=_DTYPES[args.dtype] if args.dtype else None,
         max_shard_bytes=args.max_shard_bytes,
         allow_variant=args.allow_variant,
     )
     if tokenizer is not None:
-        shutil.copyfile(tokenizer, out / "tokenizer.json")
+        if resolved(tokenizer) != resolved(out / "tokenizer.json"):  # (--overwrite with the one already there)
+            shutil.copyfile(tokenizer, out / "tokenizer.json")
+    else:  # a previous export's tokenizer would be taken for this model's by eval generate and Hugging Face code
+        (out / "tokenizer.json").unlink(missing_ok=True)
     print(f"wrote {out}" + (f" with {tokenizer} as tokenizer.json" if tokenizer else ""))
 
 
 def cmd_verify(args) -> None:
+    from titanloop.checkpoint.loading import refuse_nonfinite  # (a module that imports this package's ouro_hf)
+
     model = import_ouro_hf(args.path)
+    refuse_nonfinite(model, args.path)
     with tempfile.TemporaryDirectory() as tmp:
         export_ouro_hf(model, tmp, allow_variant=True)  # whatever it was (ouro or a titanloop variant)
         again = import_ouro_hf(tmp)
@@ -134,7 +158,12 @@ def main(argv=None) -> None:
         metavar="FIELD=VALUE",
         help="override a LoopLMConfig field, e.g. --set readout=raw (repeatable)",
     )
-    pe.add_argument("--out", required=True, help="output directory")
+    pe.add_argument("--out", required=True, help="output directory: new or empty (else --overwrite)")
+    pe.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the export in a non-empty --out (its weights, config.json and tokenizer.json)",
+    )
     pe.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="tensor dtype (default float32)")
     pe.add_argument(
         "--max-shard-bytes",
@@ -153,11 +182,10 @@ def main(argv=None) -> None:
     pv = sub.add_parser("verify", help="import a directory, re-export it and check the tensors are bitwise equal")
     pv.add_argument("path")
     pv.set_defaults(fn=cmd_verify)
+    for sp in (pi, pe, pv):
+        sp.add_argument("--debug", action="store_true", help=f"show the traceback of an error ({DEBUG_ENV}=1 too)")
     args = p.parse_args(argv)
-    try:
-        args.fn(args)
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+    one_line_errors(args.fn, args, debug=debug_enabled(args.debug))
 
 
 if __name__ == "__main__":

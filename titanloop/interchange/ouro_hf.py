@@ -24,6 +24,7 @@ defaults, which reproduce Ouro. docs/interchange.md lists the variants and the p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from titanloop.config_errors import ConfigError
@@ -296,15 +297,38 @@ def _write_checkpoint(out: Path, tensors: dict, config: dict, max_shard_bytes: i
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
+def _read_json(path: Path):
+    """A JSON file's value; one-line ConfigError for a file that is not UTF-8 JSON (binary, cut, garbled)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a JSON text file (not UTF-8): re-export the directory") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}): re-export the directory") from None
+
+
+@contextlib.contextmanager
+def _open_weights(f: Path):
+    """safe_open(f) on the CPU; one-line ConfigError for a file safetensors cannot read (truncated, garbled)."""
+    try:
+        handle = safe_open(str(f), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(
+            f"{f}: not a readable safetensors file ({str(e).strip() or type(e).__name__}): it is truncated or "
+            "corrupt; re-export the directory"
+        ) from None
+    with handle as sf:
+        yield sf
+
+
 def read_ouro_config(path) -> LoopLMConfig:
     path = Path(path)
     cfg_file = path / CONFIG_FILE
     if not cfg_file.is_file():
         raise ConfigError(f"path={str(path)!r} is invalid: expected a Hugging Face directory with {CONFIG_FILE}")
-    try:
-        d = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{cfg_file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    d = _read_json(cfg_file)
+    if not isinstance(d, dict):
+        raise ConfigError(f"{cfg_file}: expected a JSON object, got {type(d).__name__}: re-export the directory")
     return looplm_config_from_ouro(d, str(cfg_file))
 
 
@@ -313,7 +337,8 @@ def weight_files(path) -> dict[str, Path]:
     path = Path(path)
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = _read_json(index)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
         if not isinstance(weight_map, dict):
             raise ConfigError(f"{index}: missing 'weight_map': expected a Hugging Face safetensors index")
         files = {n: path / f for n, f in weight_map.items()}
@@ -324,7 +349,7 @@ def weight_files(path) -> dict[str, Path]:
     single = path / WEIGHTS_FILE
     if not single.is_file():
         raise ConfigError(f"path={str(path)!r} has no {WEIGHTS_FILE} or {INDEX_FILE}: expected safetensors weights")
-    with safe_open(str(single), framework="pt") as f:
+    with _open_weights(single) as f:
         return {n: single for n in f.keys()}
 
 
@@ -345,7 +370,7 @@ def check_tensors(cfg: LoopLMConfig, path) -> dict[str, Path]:
     for name, f in files.items():
         by_file.setdefault(f, []).append(name)
     for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as sf:
+        with _open_weights(f) as sf:
             stored = set(sf.keys())
             for name in names:
                 if name not in stored:
@@ -375,7 +400,7 @@ def import_ouro_hf(path, device="cpu", dtype: torch.dtype | None = None) -> Loop
     device = torch.device(device)
     state = {}
     for f in sorted(set(files.values())):
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
+        with _open_weights(f) as sf:
             for name in sf.keys():
                 # copy=True: safetensors hands out views at arbitrary byte offsets of the file buffer, and CPU
                 # matmul kernels round differently on unaligned memory; fresh storage keeps logits identical.
@@ -397,7 +422,7 @@ def summarize(path) -> dict:
     n_stored = 0
     dtypes = set()
     for f in sorted(set(files.values())):
-        with safe_open(str(f), framework="pt") as sf:
+        with _open_weights(f) as sf:
             for name in sf.keys():
                 sl = sf.get_slice(name)
                 numel = 1

@@ -2,7 +2,9 @@
 runs without torchrun: `python -m titanloop.train --config ...` (world size 1, no launcher to start first).
 
 The config and the mesh are validated before any process group exists: bad input is a one-line
-`error: ...` and exit status 2. A run that stops because of too many non-finite losses in a row exits 3;
+`error: ...` and exit status 2, as is a start-up error (a missing data path, shards of another tokenizer), printed
+once by rank 0 (`--debug` or TITANLOOP_DEBUG=1: the traceback).
+A run that stops because of too many non-finite losses in a row exits 3;
 a preempted run exits 75 after saving (titanloop.checkpoint.preemption).
 `--dry-run --world-size N [--memory-plan | --fit-ac]` starts the run at N ranks in one process on torchtitan's
 fake backend and prints the plan instead of training (titanloop.train.dry_run).
@@ -15,6 +17,7 @@ import os
 import sys
 import time
 
+from titanloop.cli import debug_enabled, error_line
 from titanloop.config_errors import ConfigError
 from titanloop.train.config import SECTIONS, load_config
 
@@ -39,6 +42,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "(titanloop.train.dry_run)",
     )
     parser.add_argument("--world-size", type=int, help="ranks of the dry run (e.g. nodes x 8)")
+    parser.add_argument(
+        "--debug", action="store_true", help="a start-up error with its traceback, not one line (TITANLOOP_DEBUG=1 too)"
+    )
     parser.add_argument("--memory-plan", action="store_true", help="dry run: also print the per-GPU memory plan")
     parser.add_argument(
         "--gpu-mem-gb",
@@ -93,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     from titanloop.train.loop import train
     from titanloop.train.startup import build_run, single_process_env, start_up_seconds
 
-    def report(e: ConfigError) -> None:
-        # Problems found while starting (previous-stage checkpoint, resume state vs config): one line, exit 2.
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"error: {e}", file=sys.stderr)
+    def report(e: Exception) -> None:
+        # Problems found while starting (data, previous-stage checkpoint, resume state vs config): one line on rank
+        # 0, exit 2; the traceback with --debug or TITANLOOP_DEBUG=1.
+        if debug_enabled(args.debug):
+            raise e
+        if (dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))) == 0:
+            print(error_line(e), file=sys.stderr, flush=True)
 
     run, callbacks = None, []
     try:
@@ -109,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(run)
         return train(run, callbacks)
     except ConfigError as e:
+        report(e)
+        return 2
+    except Exception as e:
+        if run is not None:  # started: an error while training is reported with its traceback
+            raise
         report(e)
         return 2
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from titanloop.checkpoint import CheckpointConfig, Checkpointer, layout
-from titanloop.config_errors import cli_errors
+from titanloop.config_errors import ConfigError, cli_errors
 from titanloop.interchange.zero_checkpoint import global_step, read_zero_fp32_state, to_looplm_state
 from titanloop.model import LoopLM
 from titanloop.train.config import load_config
@@ -53,7 +53,14 @@ def main(argv=None) -> int:
     p.add_argument("--config", required=True, help="training config (TOML) of the saved model")
     p.add_argument("--out", required=True, help="run dir to write <out>/checkpoints/step-N into")
     p.add_argument("--tag", default=None, help="checkpoint tag (default: the one named in `latest`)")
+    p.add_argument("--overwrite", action="store_true", help="write into a run dir that holds checkpoints")
     args, overrides = p.parse_known_args(argv)
+    existing = layout.published_steps(Path(args.out) / CheckpointConfig.folder)
+    if existing and not args.overwrite:  # a step of the same number would be replaced
+        raise ConfigError(
+            f"--out={args.out!r} already holds checkpoints (step {existing[-1]}): choose a new run dir, or pass "
+            "--overwrite"
+        )
     step_dir = import_zero_checkpoint(args.ds_dir, args.config, args.out, args.tag, overrides)
     print(f"wrote {step_dir}")
     return 0
