@@ -24,6 +24,12 @@ def tokenizer_fingerprint(path: str) -> str:
             obj = json.load(f)
         except json.JSONDecodeError as e:
             raise ConfigError(f"tokenizer={path!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"tokenizer={path!r} is not a text file: expected a Hugging Face tokenizer.json"
+            ) from None
+    if not isinstance(obj, dict) or "model" not in obj:
+        raise ConfigError(f"tokenizer={path!r} is JSON but not a tokenizer: expected a Hugging Face tokenizer.json")
     canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha1:" + hashlib.sha1(canonical.encode("utf-8")).hexdigest()
 
@@ -32,7 +38,12 @@ def load_tokenizer(path: str):
     from tokenizers import Tokenizer
 
     tokenizer_fingerprint(path)  # one-line error for a missing or broken file
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot read
+        raise ConfigError(
+            f"tokenizer={path!r} is not a Hugging Face tokenizer.json the tokenizers library reads ({e})"
+        ) from None
 
 
 def find_eos_id(tokenizer, eos_token: str | None = None) -> int:
