@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 DEBUG_ENV = "TITANLOOP_DEBUG"
 
@@ -34,9 +35,9 @@ def debug_enabled(flag: bool = False) -> bool:
 def one_line(e: BaseException) -> str:
     """The message of `e` as one line."""
     from titanloop.config_errors import ConfigError
-    from titanloop.data.errors import ShardError
 
-    if isinstance(e, (InputError, ConfigError, ShardError)):
+    errors = sys.modules.get("titanloop.data.errors")  # not imported: not a ShardError (and torch stays unloaded)
+    if isinstance(e, (InputError, ConfigError)) or (errors is not None and isinstance(e, errors.ShardError)):
         msg = str(e)
     elif isinstance(e, OSError) and e.filename is not None:
         msg = f"{e.filename}: {e.strerror or type(e).__name__}"
