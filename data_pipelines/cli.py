@@ -71,10 +71,11 @@ def resolved(path: str) -> str:
 
 
 def check_new_file(path: str, flag: str, overwrite: bool) -> None:
-    """An output file: not a directory, its parent not a file, and not existing unless `overwrite`."""
+    """An output file: not a directory, its parent not a file, and not an existing non-empty file unless
+    `overwrite`."""
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         raise InputError(f"{flag} {path} is a directory: give the path of a file, e.g. {path.rstrip('/')}/out.json")
-    if os.path.exists(path) and not overwrite:
+    if os.path.exists(path) and os.path.getsize(path) > 0 and not overwrite:  # an empty file holds nothing to lose
         raise InputError(f"{flag} {path} exists: choose a new path, or pass --overwrite to replace it")
     parent = os.path.dirname(os.path.abspath(path))
     while parent and not os.path.exists(parent):

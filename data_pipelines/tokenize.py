@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import queue
 import sys
 import threading
 import time
@@ -228,28 +227,26 @@ def _run_pool(args, jobs: list, paths: list[str], sink: _Progress | None, fn=Non
     out of memory) is noticed too: each job reports its worker's pid when it starts. Fork is used only from a
     single-threaded process (forking while other threads hold locks can deadlock the child); otherwise spawn."""
     ctx = mp.get_context("fork" if threading.active_count() == 1 else "spawn")
-    progress = ctx.Queue()
+    progress = ctx.SimpleQueue()  # put() writes to the pipe at once: a worker that dies next has still reported
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     pool = ctx.Pool(min(args.workers, len(jobs)), initializer=_init_worker, initargs=(progress,))
     try:
         pending = [pool.apply_async(_pooled, (fn or tokenize_file, i, job)) for i, job in enumerate(jobs)]
         started: dict[int, int] = {}  # job -> pid of the worker running it
         while True:
-            try:
-                item = progress.get(timeout=0.2)
-            except queue.Empty:
-                item = None
-            if item is not None and item[0] == "start":
-                started[item[1]] = item[2]
-            elif item is not None and sink is not None:
-                sink.put(item)
+            if progress.empty():
+                time.sleep(0.1)
+            while not progress.empty():
+                item = progress.get()
+                if item[0] == "start":
+                    started[item[1]] = item[2]
+                elif sink is not None:
+                    sink.put(item)
             for r in pending:
                 if r.ready() and not r.successful():
                     r.get()  # raises the worker's error
-            if all(r.ready() for r in pending):
-                if progress.empty():
-                    break
-                continue
+            if all(r.ready() for r in pending) and progress.empty():
+                break
             for i, pid in started.items():
                 if not pending[i].ready() and not _alive(pid):
                     raise InputError(

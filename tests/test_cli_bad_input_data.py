@@ -356,3 +356,32 @@ def test_debug_shows_the_traceback(base, tmp_path):
         argv = ["char", "--out", str(tmp_path / "t.json"), str(base / "wrongtype.jsonl"), *extra]
         proc = run_cli("data_pipelines.tokenizer", argv, tmp_path, env=env)
         assert proc.returncode != 0 and "Traceback" in proc.stderr and "InputError" in proc.stderr
+
+
+DYING_WORKER = """
+import argparse, os, sys
+from data_pipelines import tokenize
+from data_pipelines.cli import InputError
+
+def job(n):
+    if n == 1:
+        os._exit(3)  # as a worker killed by the kernel's out-of-memory killer would
+    return n
+
+try:
+    tokenize._run_pool(argparse.Namespace(workers=2), [0, 1, 2], ["a.jsonl", "b.jsonl", "c.jsonl"], None, job)
+except InputError as e:
+    sys.exit(f"error: {e}")
+"""
+
+
+def test_a_worker_that_dies_ends_the_run_naming_its_file(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", DYING_WORKER],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert proc.returncode == 1 and "input b.jsonl: the worker process tokenizing it died" in proc.stderr
