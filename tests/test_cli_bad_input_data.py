@@ -26,7 +26,7 @@ import pytest
 from data_pipelines import tokenize, tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-TIMEOUT = 60  # seconds per command; a hang fails the case instead of the suite
+TIMEOUT = 120  # seconds per command (start-up on a busy machine included); a hang fails the case
 GOOD = ['{"text": "the quick brown fox"}', '{"text": "jumps over the lazy dog"}']
 
 
