@@ -7,6 +7,7 @@ uint16 if the tokenizer's vocabulary fits, else uint32, each document ending wit
 `prompt_len` (MDS int) or a `.json` member with {"id", "prompt_len"} are optional. Every shard is read once:
 its documents and tokens are counted, its index (`<shard>.idx`) is written beside it and manifest.json last.
 MDS sets are listed by their top-level index.json (or one per part-*/ directory); tar sets by *.tar files.
+A directory that already has a manifest.json is refused. Errors are one line (--debug shows the traceback).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import glob
 import json
 import os
 import sys
+
+from data_pipelines.cli import InputError, add_debug_flag, errors_as_one_line
 
 
 def list_shards(root: str, fmt: str) -> list[str]:
@@ -29,7 +32,11 @@ def list_shards(root: str, fmt: str) -> list[str]:
     shards = []
     for path in indexes:
         with open(path) as f:
-            for shard in json.load(f)["shards"]:
+            try:
+                listed = json.load(f)["shards"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise InputError(f"{path} is not an MDS index.json ({type(e).__name__}: {e})") from None
+            for shard in listed:
                 if shard.get("compression"):
                     raise SystemExit(
                         f"error: {path}: shard {shard['raw_data']['basename']} is compressed "
@@ -51,7 +58,15 @@ def main(argv=None) -> None:
     p.add_argument("--tokenizer", required=True, help="tokenizer.json the tokens were produced with")
     p.add_argument("--source", default=None, help="source name (default: the directory name)")
     p.add_argument("--eos-token", default=None, help="EOS token (default: found in the vocabulary)")
+    add_debug_flag(p)
     a = p.parse_args(argv)
+    with errors_as_one_line(a.debug):
+        run(a)
+
+
+def run(a: argparse.Namespace) -> None:
+    if not os.path.isdir(a.root):
+        raise InputError(f"{a.root} is not a directory: pass the local directory of an MDS or webdataset shard set")
 
     from titanloop.config_errors import ConfigError
     from titanloop.data.errors import ShardError

@@ -3,7 +3,9 @@
 Files are opened through pyarrow's filesystems, so local paths and s3:// / gs:// URLs work alike, and are
 read in record batches / line by line: memory stays bounded by one batch (or one document), never a whole file
 set. A document is (text, id, meta): `id` is the source's document id column when present, `meta` the other
-scalar columns (url, dump, language_score, quality, ...).
+scalar columns (url, dump, language_score, quality, ...). A document whose text is null (`"text": null`) is
+yielded with text None, for the caller to count as dropped; any other non-string text is an error.
+Errors are `InputError`s naming the file and, for JSON lines and text, the line.
 
 Plain text (`.txt`, UTF-8) has no document boundaries of its own; `TextSplit` names the rule:
     file        the whole file is one document (default; e.g. tinyshakespeare)
@@ -25,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
+
+from data_pipelines.cli import InputError
 
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.zstd", ".json.zst", ".json.zstd")
@@ -77,10 +81,10 @@ def list_inputs(paths: list[str]) -> list[str]:
             out += [prefix + f if prefix and not f.startswith(prefix) else f for f in found]
         elif info.type == pafs.FileType.File:
             if not is_supported(p):
-                raise SystemExit(f"error: input {p} is not a supported file: expected one of {SUFFIXES}")
+                raise InputError(f"input {p} is not a supported file: expected a name ending in one of {SUFFIXES}")
             out.append(p)
         else:
-            raise SystemExit(f"error: input {p} does not exist: pass parquet / jsonl(.zst) / txt files or directories")
+            raise InputError(f"input {p} does not exist: pass parquet / jsonl(.zst) / txt files or directories")
     return sorted(dict.fromkeys(out))
 
 
@@ -102,38 +106,84 @@ def _meta(record: dict, text_column: str, id_column: str | None) -> dict:
 def read_parquet(path: str, text_column: str = "text", batch_rows: int = 1024) -> Iterator[tuple[str, str, dict]]:
     import pyarrow.parquet as pq
 
+    import pyarrow as pa
+
     with _open(path) as f:
-        pf = pq.ParquetFile(f)
+        try:
+            pf = pq.ParquetFile(f)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{path} is not a parquet file ({e}); check the file or its name") from None
         names = pf.schema_arrow.names
         if text_column not in names:
-            raise SystemExit(f"error: {path} has no column {text_column!r} (columns: {names}); pass --text-column")
+            raise InputError(f"{path} has no column {text_column!r} (columns: {names}); pass --text-column")
+        kind = pf.schema_arrow.field(text_column).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise InputError(f"{path}: column {text_column!r} holds {kind}, not strings; pass --text-column")
         id_column = next((c for c in ID_COLUMNS if c in names), None)
         row = 0
-        for batch in pf.iter_batches(batch_size=batch_rows):
-            for record in batch.to_pylist():
-                doc_id = str(record[id_column]) if id_column else f"{os.path.basename(path)}:{row}"
-                yield record[text_column] or "", doc_id, _meta(record, text_column, id_column)
-                row += 1
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                for record in batch.to_pylist():
+                    doc_id = str(record[id_column]) if id_column else f"{os.path.basename(path)}:{row}"
+                    yield record[text_column], doc_id, _meta(record, text_column, id_column)
+                    row += 1
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{path}: row group after row {row} cannot be read ({e}); the file is corrupt") from None
 
 
-def read_jsonl(path: str, text_column: str = "text") -> Iterator[tuple[str, str, dict]]:
+def _lines(path: str):
+    """The raw lines (bytes) of a file, zstd-decompressed for .zst / .zstd."""
     import zstandard
 
     with _open(path) as raw:
-        stream = zstandard.ZstdDecompressor().stream_reader(raw) if path.endswith(("zst", "zstd")) else raw
-        lines = io.TextIOWrapper(stream, encoding="utf-8")
-        for row, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"error: {path} line {row + 1} is not JSON ({e.msg}); the file is corrupt") from None
-            if text_column not in record:
-                raise SystemExit(f"error: {path} line {row + 1} has no key {text_column!r}; pass --text-column")
-            id_column = next((c for c in ID_COLUMNS if c in record), None)
-            doc_id = str(record[id_column]) if id_column else f"{os.path.basename(path)}:{row}"
-            yield record[text_column] or "", doc_id, _meta(record, text_column, id_column)
+        if path.endswith(("zst", "zstd")):
+            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+        else:
+            stream = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # pyarrow: no readline
+        row = 0
+        try:
+            for line in stream:
+                row += 1
+                yield row, line
+        except zstandard.ZstdError as e:
+            raise InputError(f"{path} is not a valid zstd file after line {row} ({e})") from None
+
+
+def read_jsonl(path: str, text_column: str = "text") -> Iterator[tuple[str | None, str, dict]]:
+    for row, raw in _lines(path):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path} line {row} is not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path} line {row} is not JSON ({e.msg}); the file is corrupt") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path} line {row} is a JSON {type(record).__name__}, not an object with {text_column!r}")
+        if text_column not in record:
+            raise InputError(f"{path} line {row} has no key {text_column!r}; pass --text-column")
+        text = record[text_column]
+        if text is not None and not isinstance(text, str):
+            raise InputError(
+                f"{path} line {row}: {text_column!r} is a JSON {type(text).__name__} ({str(text)[:40]}), "
+                "not a string; fix the line or pass --text-column"
+            )
+        id_column = next((c for c in ID_COLUMNS if c in record), None)
+        doc_id = str(record[id_column]) if id_column else f"{os.path.basename(path)}:{row - 1}"
+        yield text, doc_id, _meta(record, text_column, id_column)
+
+
+def _first_bad_utf8(path: str) -> str:
+    """Where a file stops being UTF-8: `line N (reason at byte B of the line)`."""
+    for row, raw in _lines(path):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"line {row} ({e.reason} at byte {e.start} of the line)"
+    return "a character split across lines"
 
 
 def read_text(path: str, split: TextSplit = TextSplit()) -> Iterator[tuple[str, str, dict]]:
@@ -179,8 +229,8 @@ def read_text(path: str, split: TextSplit = TextSplit()) -> Iterator[tuple[str, 
                     if doc:
                         yield doc
                 current.append(line)
-        except UnicodeDecodeError as e:
-            raise SystemExit(f"error: {path} is not UTF-8 text ({e.reason} at byte {e.start} of a line)") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{path} is not UTF-8 text: {_first_bad_utf8(path)}; convert it to UTF-8") from None
         if current:
             doc = document(current)
             if doc:
@@ -189,8 +239,8 @@ def read_text(path: str, split: TextSplit = TextSplit()) -> Iterator[tuple[str, 
 
 def read_documents(
     path: str, text_column: str = "text", text_split: TextSplit = TextSplit()
-) -> Iterator[tuple[str, str, dict]]:
-    """(text, id, meta) for every document of one input file, in file order."""
+) -> Iterator[tuple[str | None, str, dict]]:
+    """(text, id, meta) for every document of one input file, in file order; text None: a null text."""
     if path.endswith(PARQUET_SUFFIXES):
         return read_parquet(path, text_column)
     if path.endswith(TEXT_SUFFIXES):

@@ -6,6 +6,7 @@ Produces `fineweb/*.parquet` (FineWeb-Edu columns: text, id, dump, url, date, fi
 language_score, token_count, score, int_score), `nemotron/*.jsonl.zst` (Nemotron-CC keys: warc_record_id,
 url, text, quality) and `tokenizer.json` (byte-level BPE, `<|endoftext|>` = id 0). Nothing is downloaded:
 tests, the benchmark and the demo use it to exercise the pipelines end to end. Text is seeded pseudo-English.
+--out must be new or empty (--overwrite writes over the files of an earlier sample corpus).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import os
 
 import numpy as np
+
+from data_pipelines.cli import InputError, add_debug_flag, check_output_dir, errors_as_one_line
 
 SYLLABLES = [
     "ka",
@@ -159,10 +162,17 @@ def main(argv=None) -> None:
     p.add_argument("--docs", type=int, default=200, help="documents per file (default: 200)")
     p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size (default: 512)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out (files of the same name)")
+    add_debug_flag(p)
     a = p.parse_args(argv)
     if a.files < 1 or a.docs < 1:
-        raise SystemExit("error: --files and --docs must be >= 1")
-    paths = write_sample_corpus(a.out, a.files, a.docs, a.vocab_size, a.seed)
+        p.error("--files and --docs must be >= 1")
+    if a.vocab_size < 258:
+        p.error(f"--vocab-size {a.vocab_size} is too small: a byte-level BPE needs >= 258")
+    with errors_as_one_line(a.debug):
+        if check_output_dir(a.out, "--out") and not a.overwrite:
+            raise InputError(f"--out {a.out} is not empty: choose a new directory, or pass --overwrite")
+        paths = write_sample_corpus(a.out, a.files, a.docs, a.vocab_size, a.seed)
     print(json.dumps(paths, indent=1))
 
 

@@ -19,7 +19,8 @@ Each has an end-of-text token, `<|endoftext|>`, which `data_pipelines.tokenize` 
         <|endoftext|> (id 50256) special; it encodes as OpenAI's GPT-2 encoder does.
 
 Inputs are read as `data_pipelines.tokenize` reads them (parquet, JSON lines with a `text` field, .txt; streamed).
---out must not exist: nothing is overwritten.
+--out must not exist unless --overwrite is given (then it is replaced once the new tokenizer is built). Inputs
+holding no text are an error. Errors are one line (--debug, or TITANLOOP_DEBUG=1, shows the traceback).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import os
 import sys
 
+from data_pipelines.cli import InputError, add_debug_flag, check_new_file, errors_as_one_line
 from data_pipelines.readers import TextSplit
 
 EOS = "<|endoftext|>"
@@ -62,10 +64,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--encoder", required=True, help="GPT-2's encoder.json (token -> id, 50,257 entries)")
     g.add_argument("--vocab-bpe", required=True, help="GPT-2's vocab.bpe (the merges)")
     for sp in (b, c, g):
-        sp.add_argument("--out", required=True, help="tokenizer.json to write (must not exist)")
+        sp.add_argument("--out", required=True, help="tokenizer.json to write (must not exist, see --overwrite)")
+        sp.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+        add_debug_flag(sp)
     args = p.parse_args(argv)
-    if os.path.exists(args.out):
-        p.error(f"--out {args.out} exists: choose a new path (an existing tokenizer is never overwritten)")
+    try:
+        check_new_file(args.out, "--out", args.overwrite)
+    except InputError as e:
+        p.error(str(e))
     if args.kind != "gpt2":
         try:
             args.text_split = TextSplit.parse(args.doc_split)
@@ -73,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(str(e))
     if args.kind == "bpe" and args.vocab_size < 258:
         p.error(f"--vocab-size {args.vocab_size} is too small: a byte-level BPE needs >= 258 (256 bytes, EOS, a merge)")
+    if args.kind == "bpe" and args.vocab_size >= 2**32:
+        p.error(f"--vocab-size {args.vocab_size} is too large: expected < 2**32")
+    if args.kind == "bpe" and not 0 <= args.min_frequency < 2**32:
+        p.error(f"--min-frequency {args.min_frequency} is invalid: expected an integer >= 0 (default 2)")
     if args.kind == "gpt2":
         for name in ("encoder", "vocab_bpe"):
             if not os.path.isfile(getattr(args, name)):
@@ -82,14 +92,30 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _texts(args):
     """The documents' texts, streamed (data_pipelines.readers)."""
-    from data_pipelines.readers import list_inputs, read_documents
+    from data_pipelines.readers import read_documents
 
-    inputs = list_inputs(args.inputs)
-    if not inputs:
-        raise SystemExit(f"error: no parquet / jsonl(.zst) / txt files found in {args.inputs}")
+    inputs = args.input_files
     for path in inputs:
         for text, _, _ in read_documents(path, args.text_column, args.text_split):
-            yield text
+            if text:  # a null text is no text
+                args.chars_read += len(text)
+                yield text
+
+
+def _check_inputs(args) -> None:
+    """List the inputs before any is read: a missing one or none at all is an error now, not after reading."""
+    from data_pipelines.readers import list_inputs
+
+    args.chars_read = 0
+    if args.kind == "gpt2":
+        return
+    args.input_files = list_inputs(args.inputs)
+    if not args.input_files:
+        raise InputError(f"no parquet / jsonl(.zst) / txt files found in {args.inputs}")
+
+
+def _no_text(args) -> InputError:
+    return InputError(f"the inputs {args.inputs} hold no text: a tokenizer needs a corpus with at least one character")
 
 
 def byte_level(model):
@@ -117,6 +143,8 @@ def build_bpe(args):
         show_progress=sys.stderr.isatty(),
     )
     tok.train_from_iterator(_texts(args), trainer=trainer)
+    if args.chars_read == 0:
+        raise _no_text(args)
     return tok
 
 
@@ -127,7 +155,7 @@ def build_char(args):
     for text in _texts(args):
         chars.update(text)
     if not chars:
-        raise SystemExit(f"error: the inputs {args.inputs} hold no text")
+        raise _no_text(args)
     vocab = {ch: i for i, ch in enumerate(sorted(chars))}
     vocab[EOS], vocab[UNK] = len(vocab), len(vocab) + 1
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
@@ -140,28 +168,43 @@ def build_char(args):
 def build_gpt2(args):
     from tokenizers import models
 
+    expected = "expected GPT-2's encoder.json (token -> id)"
     try:
         with open(args.encoder, encoding="utf-8") as f:
             encoder = json.load(f)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"error: --encoder {args.encoder} is not JSON ({e.msg}); expected GPT-2's encoder.json")
-    if EOS not in encoder:
-        raise SystemExit(f"error: --encoder {args.encoder} has no {EOS}: expected GPT-2's encoder.json")
+        raise InputError(f"--encoder {args.encoder} is not JSON ({e.msg}); {expected}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"--encoder {args.encoder} is not UTF-8 text; {expected}") from None
+    if not isinstance(encoder, dict) or EOS not in encoder:
+        raise InputError(f"--encoder {args.encoder} has no {EOS}: {expected}")
+    if not all(isinstance(i, int) for i in encoder.values()):
+        raise InputError(f"--encoder {args.encoder} maps tokens to non-integers: {expected}")
     try:
         model = models.BPE.from_file(args.encoder, args.vocab_bpe)
     except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception types for a bad merges file
-        raise SystemExit(f"error: --vocab-bpe {args.vocab_bpe}: {e}; expected GPT-2's vocab.bpe") from None
+        raise InputError(f"--vocab-bpe {args.vocab_bpe}: {e}; expected GPT-2's vocab.bpe") from None
     return byte_level(model)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    with errors_as_one_line(args.debug):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    _check_inputs(args)
     build = {"bpe": build_bpe, "char": build_char, "gpt2": build_gpt2}[args.kind]
     tok = build(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    tok.save(tmp)
-    os.replace(tmp, args.out)
+    tmp = f"{args.out}.tmp-{os.getpid()}"
+    try:
+        tok.save(tmp)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
     from titanloop.data.tokenizer import tokenizer_record
 

@@ -1,6 +1,7 @@
 """Loader interface, global sample sequence and resume at another world size (simulated ranks)."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -75,6 +76,42 @@ def test_prefetch_matches_synchronous_and_state_counts_steps():
     # grad_accum = 2: after 5 micro-batches, 2 optimizer steps are complete
     assert b.state_dict()["steps"] == 2 and b.state_dict()["global_samples"] == 2 * GBS
     a.close(), b.close()
+
+
+def test_prefetch_error_reaches_the_consumer_and_close_does_not_wait():
+    """A source error in the prefetch thread is raised by next(); and a loader closed while the thread holds an
+    error for a full queue stops at once (the thread never blocks a stop)."""
+    import threading
+
+    failed = threading.Event()
+
+    def breaking(source):
+        row = source.row
+
+        def wrapped(k, *a):
+            if k >= 6:  # the fourth micro-batch (2 rows each) cannot be read
+                failed.set()
+                raise OSError(f"row {k}: disk read failed")
+            return row(k, *a)
+
+        return wrapped
+
+    loader = make(DataConfig(kind="synthetic_text"), 0, 1, prefetch=2)
+    loader.sources[0].row = breaking(loader.sources[0])
+    next(loader)  # the thread then fills the queue (2 micro-batches) and fails on the next one
+    assert failed.wait(60)
+    time.sleep(0.3)  # the thread now waits to hand its error to a full queue
+    closer = threading.Thread(target=loader.close, daemon=True)
+    closer.start()
+    closer.join(30)  # before the fix it waited for the 300 s join timeout
+    assert not closer.is_alive(), "close() waited on a prefetch thread blocked on a full queue"
+
+    loader = make(DataConfig(kind="synthetic_text"), 0, 1, prefetch=2)
+    loader.sources[0].row = breaking(loader.sources[0])
+    with pytest.raises(OSError, match="row 6: disk read failed"):
+        for _ in range(10):
+            next(loader)
+    loader.close()
 
 
 def test_bad_batch_geometry_and_state_are_one_line_errors():

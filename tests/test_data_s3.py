@@ -209,3 +209,24 @@ def test_missing_bucket_and_bad_credentials_are_one_line_errors(s3, monkeypatch)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(s3["root"] / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert "no AWS credentials found" in error(s3["remote"])
+
+
+def test_remote_out_holding_objects_is_refused_unless_overwrite(s3):
+    """Shards already under an s3:// --out are never written over silently: the second run is refused in one line
+    (and uploads nothing); with --overwrite it replaces them, and the set reads back whole."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3["endpoint"])
+    listing = lambda: {  # noqa: E731
+        o["Key"]: o["ETag"] for o in client.list_objects_v2(Bucket="corpus", Prefix="shards/fineweb/")["Contents"]
+    }
+    before = listing()
+    argv = ["--tokenizer", s3["tokenizer"], "--out", s3["remote"], "--format", "mds", "--workers", "1"]
+    argv += ["--shard-bytes", "6000", "--source", "fineweb", str(s3["root"] / "raw" / "fineweb")]
+    with pytest.raises(SystemExit) as e:
+        tokenize.main(argv)
+    assert "already holds objects" in str(e.value) and "--overwrite" in str(e.value) and "\n" not in str(e.value)
+    assert listing() == before
+    tokenize.main([*argv, "--overwrite"])
+    assert set(listing()) == set(before)  # the same names: the same corpus and settings give the same shards
+    assert read(s3["remote"], 1, 1)[0] and ShardFetcher(s3["remote"]).read("manifest.json")

@@ -257,19 +257,23 @@ class PackedLoader:
         self._queue = q = queue.Queue(maxsize=self.prefetch)
         stop = self._stop
 
+        def put(entry) -> bool:
+            """Hand `entry` to the consumer unless told to stop (never blocks a stop or a join)."""
+            while not stop.is_set():
+                try:
+                    q.put(entry, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def work():
             try:
                 for item in produce:
-                    while not stop.is_set():
-                        try:
-                            q.put(("ok", item), timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not put(("ok", item)):
                         return
             except BaseException as e:  # surfaced in the consumer, never swallowed
-                q.put(("error", e))
+                put(("error", e))
 
         self._thread = threading.Thread(target=work, name=f"titanloop-data-rank{self.dp_rank}", daemon=True)
         self._thread.start()

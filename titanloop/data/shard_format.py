@@ -116,7 +116,7 @@ class Manifest:
                 shards=shards,
                 inputs=d.get("inputs", []),
             )
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise ShardError(where, f"manifest is unreadable ({type(e).__name__}: {e})") from None
 
 

@@ -28,6 +28,8 @@ def tokenizer_fingerprint(path: str) -> str:
             raise ConfigError(
                 f"tokenizer={path!r} is not a text file (not UTF-8): expected a Hugging Face tokenizer.json"
             ) from None
+    if not isinstance(obj, dict) or "model" not in obj:
+        raise ConfigError(f"tokenizer={path!r} is JSON but not a tokenizer: expected a Hugging Face tokenizer.json")
     canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha1:" + hashlib.sha1(canonical.encode("utf-8")).hexdigest()
 
