@@ -450,8 +450,14 @@ def provenance_note(commit: str | None, runs: list[dict]) -> str:
 TRAIN_CHARACTERS = 1003854  # the training split (the first 90% of tinyshakespeare), nanoGPT's train.bin
 
 
-def fairness_note(steps: int) -> str:
+def fairness_note(steps: int, plain_row: bool = True) -> str:
     """What differs between the two besides the training stack (the data order, the architecture, the steps)."""
+    plain = (
+        "; the `titanloop_plain` row (pre-norm blocks, T = 1, final_only; its exit gate is still computed) takes "
+        "part of the architecture out"
+        if plain_row
+        else ""
+    )
     tokens, rows, per_pass = steps * BATCH * BLOCK, steps * BATCH, TRAIN_CHARACTERS // BLOCK
     return (
         "What differs besides the trainer: nanoGPT draws each sequence at a uniformly random offset of the training "
@@ -461,8 +467,7 @@ def fairness_note(steps: int) -> str:
         "The architectures differ too: titanloop's LoopLM has RoPE, a SwiGLU MLP, RMSNorm sandwich norms around "
         "both sublayers and an exit gate; nanoGPT has learned positions, a GELU MLP, pre-norm LayerNorm and "
         "dropout 0.0 (as in its CPU command). The held-out gap is therefore not the "
-        "training stack's alone; the `titanloop_plain` row (pre-norm blocks, T = 1, final_only; its exit gate is "
-        "still computed) takes part of the architecture out. nanoGPT's train.py runs iterations 0..steps (one more "
+        f"training stack's alone{plain}. nanoGPT's train.py runs iterations 0..steps (one more "
         "optimizer step than titanloop; the checkpoint scored is the one it saves after `steps` steps)."
     )
 

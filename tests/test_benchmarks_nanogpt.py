@@ -97,12 +97,13 @@ def test_summary_verdicts_follow_the_numbers():
 
 def test_the_record_carries_every_field_and_the_report_accepts_it(tmp_path):
     from benchmarks.common import stamp
-    from benchmarks.report import render, validate
+    from benchmarks.report import load_results, render, validate
 
     runs = [{"run": 0, "order": "nanogpt/titanloop", "nanogpt": _run("nanogpt", 1.9, 2e4, 70.0, 1337)}]
     runs[0]["titanloop"] = _run("titanloop", 1.7, 1.6e4, 80.0, 0)
     args = type("A", (), {"steps": 2000, "threads": 2})()
     result = nanogpt.summarize(args, runs)
+    result["result"]["nanogpt_commit"] = "ab" * 20  # as main() records them
     result["notes"].insert(0, nanogpt.provenance_note("ab" * 20, runs))
     record = stamp({"title": "t", "command": "python benchmarks/nanogpt.py", "machine": "m", **result})
     name = f"{record['date']}-cpu-nanogpt"
@@ -113,6 +114,10 @@ def test_the_record_carries_every_field_and_the_report_accepts_it(tmp_path):
     text = render([(name, record)])
     assert f"nanoGPT at commit {'ab' * 20}" in text and '"nanogpt": [1337], "titanloop": [0]' in text
     assert "`python nanogpt`" in text and "shuffled non-overlapping windows" in text
+    assert "Measured before the benchmark timed both alike" not in text  # this record says it all itself
+    old = dict(load_results())["2026-12-02-cpu-nanogpt"]  # recorded before: the report says what it lacks
+    text = render([("2026-12-02-cpu-nanogpt", old)])
+    assert "1.53 passes" in text and "its fixed seed 1337 in every run" in text and "titanloop_plain" not in text
 
 
 FAKE_TRAIN = """
