@@ -184,9 +184,28 @@ def render(results: list[tuple[str, dict]]) -> str:
         lines += [f"`{d['command']}` · {_where(d)} · [`{name}.json`](benchmarks/results/{name}.json)", ""]
         for t in d.get("tables", []):
             lines += _titled_table(t)
-        for note in d.get("notes", []):
+        for note in d.get("notes", []) + context(name, d):
             lines += [note, ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def context(name: str, d: dict) -> list[str]:
+    """What a record of benchmarks/nanogpt.py from before it recorded these itself leaves unsaid: how the two
+    comparisons differ besides the training stack, and what that record did not yet measure alike. Rendered under
+    the record (the record itself is never edited)."""
+    if not name.endswith("-nanogpt") or "nanogpt_commit" in d.get("result", {}):
+        return []
+    from benchmarks.nanogpt import fairness_note
+
+    return [
+        fairness_note(2000, plain_row=False),
+        "Measured before the benchmark timed both alike: nanoGPT ran with its fixed seed 1337 in every run (its "
+        "held-out values are one run's, repeated); titanloop's tokens/s came from metrics.jsonl, the step without "
+        "its per-step callbacks, while nanoGPT's printed time covers its whole iteration (evaluation and logging "
+        "included); titanloop started under torchrun; nanoGPT's commit, the seeds, every step's time and the exact "
+        "commands were not recorded. Newer records of this benchmark time every iteration whole for both "
+        "(whole-step profile), seed nanoGPT per run and hold all of these.",
+    ]
 
 
 # A generated block in a doc: the opening line names a record and what of it to show ("summary", or a table by the
