@@ -157,3 +157,21 @@ def test_real_text_smoke(tmp_path):
     assert len(directions["q_exit"]["points"]) == 9 and all(
         v[0] > 0 for v in directions["blind_spot"]["final_norm"].values()
     )
+
+
+@pytest.mark.slow
+def test_depth_smoke(tmp_path):
+    """experiments.depth at 6 steps: one arm with the depth tools, tuned on a split carved from the training text
+    (never the reported held-out split), scored at the log-spaced T = 1..64."""
+    out = tmp_path / "depth"
+    cmd = [sys.executable, "-m", "experiments.depth", "--part", "tune", "--smoke", "--only", "depth", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads((out / "tuning.json").read_text())["rows"]
+    assert [k for k in row if k.startswith("T=")] == [f"T={t}" for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)]
+    assert all(math.isfinite(row[k]) for k in row if k.startswith("T="))
+    # the tuning split is tinyshakespeare's training text (its first 90% of characters) split again: its two parts
+    # hold exactly those characters (plus one end-of-text token each), none of the reported held-out split
+    n = len((REPO / "data" / "tinyshakespeare.txt").read_text())
+    tokens = [json.loads((out / "tuning_split" / s / "manifest.json").read_text())["tokens"] for s in ("train", "val")]
+    assert sum(tokens) == int(0.9 * n) + 2 and tokens[1] == int(0.9 * n) - int(0.9 * int(0.9 * n)) + 1

@@ -139,7 +139,7 @@ def tune(args) -> None:
         for seed in args.seeds
         for arm in args.only
     ]
-    common.train_many(jobs, parallel=args.parallel, nproc=args.nproc, keep_finished=args.keep_finished)
+    common.train_many(jobs, parallel=args.parallel, **common.run_options(args))
     dense = training_flops(DENSE, run_overrides(0, args.smoke, data))
     rows = []
     for seed in args.seeds:
@@ -171,7 +171,7 @@ def record(args) -> None:
         for corpus in CORPORA
         for seed in args.seeds
     ]
-    common.train_many(jobs, parallel=args.parallel, nproc=args.nproc, keep_finished=args.keep_finished)
+    common.train_many(jobs, parallel=args.parallel, **common.run_options(args))
     dense_flops = training_flops(DENSE, run_overrides(0, args.smoke, corpus_data("shakespeare_char")))
     rows, out = [], {"arm": args.arm, "overrides": ARMS[args.arm], "loops": LOOPS, "seeds": args.seeds, "corpora": {}}
     for corpus in CORPORA:
