@@ -82,6 +82,7 @@ ACTIVATION_ALLOWANCE = 16 * GIB
 MEMORY_STEPS = 5  # the memory runs (bf16, T = 4, no AC): long enough for the optimizer step's peak
 PREEMPT_STEPS, PREEMPT_AT, PREEMPT_INTERVAL = 30, 12, 5
 VAL_LOOPS, VAL_QS = [1, 2, 3, 4, 8], [0.5, 0.8, 0.9]  # debug.toml trains T = 4: 1..T and 2T
+VAL_T_TRAIN = 4  # validation's exit depth and Q-exit are over the trained depth; the CLI's default is the deepest T
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ def _eval_cli(c: Checks, work: Path, ckpt: Path, dtype: str, tag: str) -> dict:
     cmd = [sys.executable, "-m", "titanloop.eval", "sweep", str(ckpt), "--data", str(spec), "--out", str(out)]
     cmd += ["--device", c.a.device, "--dtype", dtype, "--batch-size", str(c.a.val_batch), "--seq-len", "64"]
     cmd += ["--max-batches", str(c.a.val_steps), "--loops", ",".join(map(str, VAL_LOOPS)), "--jsrr-loops", "1"]
-    cmd += ["--q", ",".join(map(str, VAL_QS))]
+    cmd += ["--q", ",".join(map(str, VAL_QS)), "--exit-loops", str(VAL_T_TRAIN)]
     code = runs.run(cmd, log, c.left())
     if code != 0:
         raise RuntimeError(f"the eval CLI: {runs.failure(code, log)}")
