@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         for arm, (_, over) in ARMS.items()
         for seed in args.seeds
     ]
-    runs = iter(common.train_many(jobs, args.parallel, args.nproc, args.keep_finished))
+    runs = iter(common.train_many(jobs, args.parallel, **common.run_options(args)))
     batches = held_out_batches(args.smoke)
     rows, curves, finals = [], {}, {}
     for arm, (what, _) in ARMS.items():

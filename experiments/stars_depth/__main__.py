@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         for arm, over in ARMS.items()
         for seed in args.seeds
     ]
-    runs = iter(common.train_many(jobs, args.parallel, args.nproc, args.keep_finished))
+    runs = iter(common.train_many(jobs, args.parallel, **common.run_options(args)))
     batches = held_out_batches(args.smoke)[: 1 if args.smoke else 4]
     rows_per_batch = 4 if args.smoke else 32
     far = loops[-1] if args.smoke else 32
