@@ -70,6 +70,15 @@ def resolved(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path.removeprefix("file://")))
 
 
+def _check_parent(local: str, path: str, flag: str) -> None:
+    """The nearest existing ancestor of `local` is a directory (an output cannot be created under a file)."""
+    parent = os.path.dirname(os.path.abspath(local))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise InputError(f"{flag} {path}: {parent} is a file, not a directory; choose another path")
+
+
 def check_new_file(path: str, flag: str, overwrite: bool) -> None:
     """An output file: not a directory, its parent not a file, and not an existing non-empty file unless
     `overwrite`."""
@@ -77,11 +86,7 @@ def check_new_file(path: str, flag: str, overwrite: bool) -> None:
         raise InputError(f"{flag} {path} is a directory: give the path of a file, e.g. {path.rstrip('/')}/out.json")
     if os.path.exists(path) and os.path.getsize(path) > 0 and not overwrite:  # an empty file holds nothing to lose
         raise InputError(f"{flag} {path} exists: choose a new path, or pass --overwrite to replace it")
-    parent = os.path.dirname(os.path.abspath(path))
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise InputError(f"{flag} {path}: {parent} is a file, not a directory; choose another path")
+    _check_parent(path, path, flag)
 
 
 def check_output_dir(path: str, flag: str) -> bool:
@@ -89,11 +94,7 @@ def check_output_dir(path: str, flag: str) -> bool:
     local = path.removeprefix("file://")
     if os.path.exists(local) and not os.path.isdir(local):
         raise InputError(f"{flag} {path} is a file: give a directory (new or empty)")
-    parent = os.path.dirname(os.path.abspath(local))
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise InputError(f"{flag} {path}: {parent} is a file, not a directory; choose another path")
+    _check_parent(local, path, flag)
     return os.path.isdir(local) and bool(os.listdir(local))
 
 
