@@ -4,6 +4,7 @@ was trained at?
     python -m experiments.depth --part tune                            # arms on a tuning split, seed 0
     python -m experiments.depth --part record --seeds 1,2,3            # the chosen recipe, both corpora
     python -m experiments.depth --part tune --only recipe,shared       # some arms only
+    python -m experiments.depth --part record --arm nanochat --corpora wikitext2_char --seeds 1,2,3
 
 Tuning (`--part tune`): tinyshakespeare seed 0, scored on a split carved from the TRAINING text (its first 90% of
 characters: the first 90% of those train, the rest is the tuning split), never on the held-out split that is
@@ -11,10 +12,11 @@ reported. Each arm is the real-text recipe (train_configs/shakespeare_looped.tom
 12 x 64 characters) with the depth tools of docs/training.md ("Depth that holds") changed; each scores the tuning
 split at T = 1..64 (log-spaced).
 
-Recording (`--part record`): the chosen arm (RECIPE below) on tinyshakespeare and WikiText-2 with seeds 1-3, each
-scored on its corpus's whole held-out split at T = 1..64, beside the same layer run once and the dense model of
-4 layers (their held-out losses do not depend on depth; they are trained here with the same seeds unless
---baselines points at an experiments.real_text output that holds them).
+Recording (`--part record`): an arm (`--arm`, default RECIPE below) on tinyshakespeare and WikiText-2 (`--corpora`
+picks some) with seeds 1-3, each scored on its corpus's whole held-out split at T = 1..64, beside the same layer run
+once and the dense model of 4 layers: their recorded runs of experiments/real_text (recorded/looping.json: the same
+configs and seeds; their held-out losses do not depend on depth). It writes record_<arm>.json (a subset of the
+corpora: record_<arm>_<corpora>.json).
 
 Goals (set before the runs, not moved after), per seed and corpus: held-out loss at T = 8 and T = 16 no higher than
 at the trained depth, T = 32 within 0.01 of it; the gap closed to the dense model at the trained depth at or above
@@ -49,6 +51,15 @@ DEPTH = {
 }
 DEEP = {**DEPTH, "loop_sampler.mean": 8.0, "loop_sampler.max_sampled": 64, "loop_sampler.backprop_loops": 2}
 DEEP["loop_sampler.n_loops"] = 9
+# looped_nanochat's: mean 4 (E[T] = 5), at most 16, the last 4 loops backpropagated (E[T] + 2 E[min(T, 4)] ~ 12):
+# most steps keep every loop's graph, unlike DEPTH's 3 of ~6
+NANOCHAT = {
+    **DEPTH,
+    "loop_sampler.mean": 4.0,
+    "loop_sampler.max_sampled": 16,
+    "loop_sampler.backprop_loops": 4,
+    "loop_sampler.n_loops": 5,
+}
 DENSE_CE = {"objective.name": "dense", "objective.dense_schedule": "uniform"}  # CE of every loop with a graph
 ARMS = {  # name -> overrides of the recipe
     "recipe": {"model.max_loops": 64},  # today's recipe (per-loop norms past T = 8 never trained)
@@ -60,6 +71,8 @@ ARMS = {  # name -> overrides of the recipe
     # deeper: mean 8 with 2 loops backpropagated (E[T] + 2k ~ 13), from a random state (Huginn)
     "deep": {**SHARED, **DEEP, "model.init_state": "random"},
     "deep_dense": {**SHARED, **DEEP, "model.init_state": "random", **DENSE_CE},
+    "nanochat": {**SHARED, **NANOCHAT},
+    "nanochat_ramp": {**SHARED, **NANOCHAT, "loop_sampler.mean_start": 1.0, "loop_sampler.mean_ramp_fraction": 0.5},
 }
 RECIPE = "depth"
 
@@ -168,13 +181,13 @@ def record(args) -> None:
             args.out / f"{corpus}_{args.arm}_s{seed}",
             {**run_overrides(seed, args.smoke, corpus_data(corpus)), **ARMS[args.arm]},
         )
-        for corpus in CORPORA
+        for corpus in args.corpora
         for seed in args.seeds
     ]
     common.train_many(jobs, parallel=args.parallel, **common.run_options(args))
     dense_flops = training_flops(DENSE, run_overrides(0, args.smoke, corpus_data("shakespeare_char")))
     rows, out = [], {"arm": args.arm, "overrides": ARMS[args.arm], "loops": LOOPS, "seeds": args.seeds, "corpora": {}}
-    for corpus in CORPORA:
+    for corpus in args.corpora:
         rec = base["per_corpus"][corpus]["heldout"]
         seeds_rec = base["seeds"]
         once = [rec["once"][seeds_rec.index(s)][0] for s in args.seeds]
@@ -209,7 +222,8 @@ def record(args) -> None:
             "flops_over_dense": training_flops(LOOPED, over) / dense_flops,
         }
     print(common.markdown_table(["corpus", "seed", "gap closed", "best T"] + [f"T={t}" for t in LOOPS], rows))
-    (args.out / f"record_{args.arm}.json").write_text(json.dumps(out, indent=1) + "\n")
+    part = "" if args.corpora == list(CORPORA) else "_" + "_".join(args.corpora)  # a subset: its own file
+    (args.out / f"record_{args.arm}{part}.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 def main(argv=None) -> int:
@@ -217,19 +231,22 @@ def main(argv=None) -> int:
     extra.add_argument("--part", choices=("tune", "record"), default="tune")
     extra.add_argument("--only", type=lambda s: s.split(","), default=list(ARMS))
     extra.add_argument("--arm", default=RECIPE, help=f"--part record: the arm to record (default {RECIPE})")
+    extra.add_argument("--corpora", type=lambda s: s.split(","), default=list(CORPORA))
     own, rest = extra.parse_known_args(sys.argv[1:] if argv is None else argv)
     args = common.parse_args(NAME, __doc__.split("\n\n")[0], rest)
-    args.part, args.only, args.arm = own.part, own.only, own.arm
-    bad = [a for a in args.only if a not in ARMS]
-    if bad:
-        raise SystemExit(f"error: --only {bad[0]!r} is unknown: expected some of {', '.join(ARMS)}")
+    args.part, args.only, args.arm, args.corpora = own.part, own.only, own.arm, own.corpora
+    for flag, given, known in (("--only", args.only + [args.arm], ARMS), ("--corpora", args.corpora, CORPORA)):
+        bad = [a for a in given if a not in known]
+        if bad:
+            raise SystemExit(f"error: {flag} {bad[0]!r} is unknown: expected some of {', '.join(known)}")
     from data_pipelines.corpora import build
 
     build("shakespeare_char")
     if args.part == "tune":
         tune(args)
     else:
-        build("wikitext2_char")
+        for corpus in args.corpora:
+            build(corpus)
         record(args)
     return 0
 
