@@ -266,3 +266,40 @@ def test_rope_per_document_changes_only_rounding_under_the_document_mask():
     assert cos.shape == (*doc.shape, cfg.head_dim)  # per-row tables: positions restart at documents
     shifted = model(x, positions=attn.document_positions(doc)).readouts[-1]  # plain causal: positions matter
     assert not torch.allclose(shifted, model(x).readouts[-1], atol=1e-3)
+
+
+def test_rows_that_are_whole_documents_take_plain_causal_attention(monkeypatch):
+    """A batch whose rows never cross a document boundary (a corpus of one long text, or windows cut per document)
+    needs no document mask: under `auto` the eager model runs SDPA's causal kernel, one call per layer and loop
+    with no mask, bitwise equal to the forward without document ids and close to the per-document model (forward
+    and gradients). A row with a boundary still gets its mask, and compiled layers keep theirs."""
+    cfg = LoopLMConfig(
+        vocab_size=V, hidden_size=32, n_heads=4, ffn_hidden_size=64, n_layers=2, n_loops=2, max_seq_len=64
+    )
+    torch.manual_seed(0)
+    model = LoopLM(cfg)
+    ref_model = LoopLM(cfg.replace(attention_backend="sdpa_per_doc"))
+    ref_model.load_state_dict(model.state_dict())
+    rows = doc_ids_from([[S], [S], [S]]) + torch.arange(3)[:, None]  # three rows, one document each
+    x = torch.randint(0, V, rows.shape, generator=torch.Generator().manual_seed(1))
+    assert model.rope_and_mask(x, doc_ids=rows)[2] is None
+    calls = []
+    real_sdpa = attn.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attn.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append((k.get("attn_mask"), k.get("is_causal"))) or real_sdpa(*a, **k),
+    )
+    out = model(x, doc_ids=rows).readouts[-1]
+    assert calls == [(None, True)] * (cfg.n_layers * cfg.n_loops)
+    assert torch.equal(out, model(x).readouts[-1])
+    out.pow(2).sum().backward()
+    ref = ref_model(x, doc_ids=rows).readouts[-1]
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for p, r in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-5)
+
+    assert model.rope_and_mask(x, doc_ids=doc_ids_from())[2] is not None  # rows with boundaries
+    model.compiled_layers = True
+    assert model.rope_and_mask(x, doc_ids=rows)[2] is not None

@@ -34,6 +34,7 @@ def apply_compile(model: LoopLM, backend="inductor", fullgraph: bool | None = No
     for layer in [*model.prelude, *model.layers, *model.coda]:
         layer.compile(backend=backend, fullgraph=fullgraph, dynamic=False)
     model.graph_safe_attention = fullgraph
+    model.compiled_layers = True
     return fullgraph
 
 
