@@ -243,7 +243,8 @@ def measure_step(
         batch = {
             "input_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
             "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
-            "doc_ids": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
+            # two documents a row, as packed data has: the document mask is built as a real batch builds it
+            "doc_ids": (torch.arange(t.seq_len) >= t.seq_len // 2).long().expand(t.micro_batch_size, -1),
         }
         tracker.track_inputs((batch["input_ids"],))
         passes = _PassProgress(progress, first_micro_batches + micro_batches)
