@@ -25,6 +25,10 @@ them. The kernel follows `attention_backend`:
     sdpa_per_doc   one causal SDPA call per document (memory per call: the largest document squared)
     sdpa           the dense boolean mask [B, 1, S, S] with SDPA (the reference; O(S^2) mask memory)
 
+A batch whose rows never cross a document boundary needs no document mask at all: under `auto`, with eager
+layers, the model checks its host doc ids (LoopLM._rows_are_documents) and runs plain causal attention, bitwise
+the forward without doc ids (compiled layers keep one mask type and always build the mask).
+
 What runs inside torch.compile (titanloop.parallel.apply_compile, one graph per decoder layer): the dense
 mask, varlen_attn and FlexAttention trace into the layer's graph (fullgraph=True, no graph break). The
 number of documents changes the length of cu_seqlens; `document_mask` marks that dimension dynamic
