@@ -73,6 +73,14 @@ ARMS = {  # name -> overrides of the recipe
     "deep_dense": {**SHARED, **DEEP, "model.init_state": "random", **DENSE_CE},
     "nanochat": {**SHARED, **NANOCHAT},
     "nanochat_ramp": {**SHARED, **NANOCHAT, "loop_sampler.mean_start": 1.0, "loop_sampler.mean_ramp_fraction": 0.5},
+    # the same without truncation (every sampled loop backpropagated): what truncation costs
+    "nanochat_full": {
+        **SHARED,
+        **NANOCHAT,
+        "loop_sampler.mean_start": 1.0,
+        "loop_sampler.mean_ramp_fraction": 0.5,
+        "loop_sampler.backprop_loops": 0,
+    },
 }
 RECIPE = "depth"
 
