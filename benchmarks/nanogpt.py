@@ -430,8 +430,20 @@ def main(argv=None) -> dict:
             "machine": machine(),
             **result,
         }
-        write_report(args.out, "nanogpt", report)
+        write_report(args.out, "nanogpt", without_machine_paths(report, args, work))
     return result
+
+
+def without_machine_paths(report: dict, args, work: Path) -> dict:
+    """The record with this machine's paths in its commands written as placeholders: the work directory as <work>,
+    the nanoGPT checkout as <nanoGPT checkout>, this interpreter as python, the repository root as nothing."""
+    text = json.dumps(report)
+    for path, name in sorted(
+        [(str(work), "<work>"), (str(Path(args.nanogpt).resolve()), "<nanoGPT checkout>"), (sys.executable, "python")],
+        key=lambda pair: -len(pair[0]),
+    ):
+        text = text.replace(json.dumps(path)[1:-1], name)
+    return json.loads(text.replace(json.dumps(str(ROOT) + "/")[1:-1], ""))
 
 
 def provenance_note(commit: str | None, runs: list[dict]) -> str:

@@ -274,3 +274,16 @@ def test_the_op_profile_splits_aten_ops_into_its_named_kinds():
     assert kinds == {"aten::mm": "matmul", "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::matmul": "other"}
     assert nanogpt.op_kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert nanogpt.op_kind("aten::add_") == "other" and list(nanogpt.OP_KINDS) == ["matmul", "attention"]
+
+
+def test_the_record_names_no_path_of_the_machine(tmp_path):
+    """Commands in a record name the work directory and the checkout by placeholders, never by this machine's paths
+    (tests/test_benchmarks_report.py refuses a record that does)."""
+    work, checkout = tmp_path / "work", tmp_path / "src" / "nanoGPT"
+    cmd = f"{sys.executable} {nanogpt.ROOT}/benchmarks/nanogpt_step_profile.py {work}/p.jsonl {checkout}/train.py"
+    args = type("A", (), {"nanogpt": str(checkout)})()
+    out = nanogpt.without_machine_paths({"notes": [f"run 0: `{cmd}`"], "n": 1.5}, args, work)
+    assert out == {
+        "notes": ["run 0: `python benchmarks/nanogpt_step_profile.py <work>/p.jsonl <nanoGPT checkout>/train.py`"],
+        "n": 1.5,
+    }
