@@ -203,7 +203,8 @@ def record(args) -> None:
         old4 = [rec["looped"][seeds_rec.index(s)][3] for s in args.seeds]
         looped = [by_t(args.out / f"{corpus}_{args.arm}_s{s}") for s in args.seeds]
         t_train = ARMS[args.arm].get("loop_sampler.n_loops", 4)
-        i_train = LOOPS.index(t_train)
+        # the trained depth, or the deepest swept T below it (a sampled mean such as 5 is not swept)
+        i_train = max(i for i, t in enumerate(LOOPS) if t <= t_train)
         closed = [(o - lp[i_train]) / (o - d) for lp, o, d in zip(looped, once, dense)]
         best = [min(lp) for lp in looped]
         best_t = [LOOPS[lp.index(min(lp))] for lp in looped]
@@ -224,6 +225,10 @@ def record(args) -> None:
             "dense_T1_recorded": dense,
             "old_recipe_T4_recorded": old4,
             "t_train": t_train,
+            "t_reference": LOOPS[i_train],
+            "past_reference": {  # held-out loss at T minus at the reference depth, per seed
+                f"T={t}": [lp[LOOPS.index(t)] - lp[i_train] for lp in looped] for t in (8, 16, 32, 64)
+            },
             "gap_closed": closed,
             "best": best,
             "best_t": best_t,
