@@ -175,3 +175,15 @@ def test_depth_smoke(tmp_path):
     n = len((REPO / "data" / "tinyshakespeare.txt").read_text())
     tokens = [json.loads((out / "tuning_split" / s / "manifest.json").read_text())["tokens"] for s in ("train", "val")]
     assert sum(tokens) == int(0.9 * n) + 2 and tokens[1] == int(0.9 * n) - int(0.9 * int(0.9 * n)) + 1
+
+
+@pytest.mark.parametrize(
+    "flags,named", [(["--only", "nope"], "--only"), (["--arm", "nope"], "--arm"), (["--corpora", "nope"], "--corpora")]
+)
+def test_depth_refuses_an_unknown_name_naming_its_flag(flags, named):
+    cmd = [sys.executable, "-m", "experiments.depth", "--part", "record", *flags]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip().splitlines() == [proc.stderr.strip()] and f"error: {named} 'nope' is unknown" in proc.stderr
+    )

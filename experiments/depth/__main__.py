@@ -248,7 +248,11 @@ def main(argv=None) -> int:
     own, rest = extra.parse_known_args(sys.argv[1:] if argv is None else argv)
     args = common.parse_args(NAME, __doc__.split("\n\n")[0], rest)
     args.part, args.only, args.arm, args.corpora = own.part, own.only, own.arm, own.corpora
-    for flag, given, known in (("--only", args.only + [args.arm], ARMS), ("--corpora", args.corpora, CORPORA)):
+    for flag, given, known in (
+        ("--only", args.only, ARMS),
+        ("--arm", [args.arm], ARMS),
+        ("--corpora", args.corpora, CORPORA),
+    ):
         bad = [a for a in given if a not in known]
         if bad:
             raise SystemExit(f"error: {flag} {bad[0]!r} is unknown: expected some of {', '.join(known)}")
