@@ -64,16 +64,17 @@ def train(
 
     Runs `torchrun --standalone --nproc_per_node=nproc -m titanloop.train`; checkpoints are enabled so the final
     weights land in run_dir/checkpoints. The training log goes to run_dir/train.log (and stdout unless quiet).
-    Raises RuntimeError with the log's tail when training fails. keep_finished: a run dir that already holds a
-    finished run (its train_seconds, written last) is kept as it is, not trained again.
+    Raises RuntimeError with the log's tail when training fails.
+
+    keep_finished: a run dir that already holds a finished run (its train_seconds, written last) is kept as it is,
+    not trained again; an interrupted one (a checkpoint, no train_seconds) resumes from its newest checkpoint when
+    that checkpoint was written by this very config and overrides, and is trained afresh otherwise (the reason is
+    printed). A resumed run's train_seconds counts its last attempt only.
     """
     run_dir = Path(run_dir)
     if keep_finished and (run_dir / "train_seconds").is_file():
         print(f"kept the finished run {run_dir}", flush=True)
         return run_dir
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
     config = Path(config)
     if not config.is_absolute():
         config = REPO / config
@@ -84,7 +85,13 @@ def train(
         "training.run_dir": str(run_dir),
     }
     overrides.setdefault("checkpoint.interval", int(overrides.get("training.steps", 10**9)))
-    cmd = torchrun(nproc, "-m", "titanloop.train", "--config", str(config), *override_args(overrides))
+    args = override_args(overrides)
+    resume = keep_finished and _resumable(run_dir, config, args, nproc)
+    if not resume:
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+    cmd = torchrun(nproc, "-m", "titanloop.train", "--config", str(config), *args)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -93,7 +100,8 @@ def train(
     }
     start = time.perf_counter()
     log_path = run_dir / "train.log"
-    with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f train.log` follows a running job
+    # line-buffered: `tail -f train.log` follows a running job; a resumed run appends to its log
+    with open(log_path, "a" if resume else "w", buffering=1) as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
@@ -105,6 +113,32 @@ def train(
         raise RuntimeError(f"training {config.name} -> {run_dir} failed (exit {code}); end of {log_path}:\n{tail}")
     (run_dir / "train_seconds").write_text(f"{time.perf_counter() - start:.1f}\n")
     return run_dir
+
+
+def _resumable(run_dir: Path, config: Path, args: list[str], nproc: int) -> bool:
+    """Whether the interrupted run in run_dir can resume: it has a checkpoint, and the config that checkpoint saved
+    is the one `config` with `args` resolves to now. Says why not, when there is a run dir to say it of."""
+    from titanloop.checkpoint import layout
+    from titanloop.train.config import load_config
+
+    root = run_dir / "checkpoints"
+    step = layout.latest_step(root) if root.is_dir() else None
+    if step is None:
+        if run_dir.exists():
+            print(f"{run_dir} has no checkpoint to resume from: training it afresh", flush=True)
+        return False
+    saved = layout.read_manifest(root / layout.step_dir_name(step))["config"]
+    wanted = json.loads(json.dumps(load_config(config, args, world_size=nproc).to_dict()))
+    # every section of the run; `source` (where the TOML was read from) names the file, not what is trained
+    differ = sorted(k for k in (set(saved) | set(wanted)) - {"source"} if saved.get(k) != wanted.get(k))
+    if differ:
+        print(
+            f"{run_dir}'s checkpoint at step {step} was trained with another [{', '.join(differ)}]: training it afresh",
+            flush=True,
+        )
+        return False
+    print(f"resuming the interrupted run {run_dir} from its checkpoint at step {step}", flush=True)
+    return True
 
 
 def run_options(args: argparse.Namespace) -> dict:
@@ -360,9 +394,14 @@ def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, 
     return _save(fig, path)
 
 
-def parse_args(name: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags every experiment takes: --out, --smoke, --seeds, --nproc, --parallel, --keep-finished."""
-    p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
+def parse_args(
+    name: str, description: str, argv: list[str] | None = None, own: argparse.ArgumentParser | None = None
+) -> argparse.Namespace:
+    """The flags every experiment takes: --out, --smoke, --seeds, --nproc, --parallel, --keep-finished; `own` (an
+    ArgumentParser made with add_help=False) adds an experiment's own flags, which --help then lists too."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m experiments.{name}", description=description, parents=[own] if own is not None else []
+    )
     p.add_argument(
         "--out",
         type=Path,
@@ -385,7 +424,8 @@ def parse_args(name: str, description: str, argv: list[str] | None = None) -> ar
     p.add_argument(
         "--keep-finished",
         action="store_true",
-        help="keep the runs of --out that finished (an interrupted experiment trains only what is left); by default "
-        "every run is trained afresh",
+        help="keep the runs of --out that finished and resume the interrupted ones from their newest checkpoint "
+        "when their config is unchanged (an interrupted experiment trains only what is left); by default every run "
+        "is trained afresh",
     )
     return p.parse_args(argv)

@@ -110,7 +110,7 @@ def test_keep_finished_keeps_only_finished_runs(tmp_path, monkeypatch):
     (finished / "train_seconds").write_text("1.0\n")
     common.train("train_configs/debug.toml", finished, keep_finished=True)
     assert launches == [] and (finished / "weights").is_file()
-    common.train("train_configs/debug.toml", interrupted, keep_finished=True)
+    common.train("train_configs/debug.toml", interrupted, keep_finished=True)  # no checkpoint: afresh
     assert launches == [1] and not (interrupted / "weights").exists()
     common.train("train_configs/debug.toml", finished)
     assert launches == [1, 1] and not (finished / "weights").exists()
@@ -120,6 +120,35 @@ def test_keep_finished_keeps_only_finished_runs(tmp_path, monkeypatch):
     assert launches == [1, 1]
     common.train_many(job, **common.run_options(argparse.Namespace(nproc=1, keep_finished=False)))
     assert launches == [1, 1, 1]
+
+
+@pytest.mark.slow
+def test_keep_finished_resumes_an_interrupted_run(tmp_path, capsys):
+    """--keep-finished resumes an interrupted run (a checkpoint, no train_seconds) from its newest checkpoint through
+    the real entry point, and trains it afresh when the experiment now asks for another config. The interruption is
+    made by hand: a 4-step run checkpointed at steps 2 and 4 loses its step-4 checkpoint and its train_seconds."""
+    from experiments import common
+
+    run = tmp_path / "run"
+    over = {"training.steps": 4, "checkpoint.interval": 2, "metrics.log_freq": 1}
+
+    def interrupt():
+        import shutil
+
+        shutil.rmtree(run / "checkpoints" / layout.step_dir_name(4))
+        (run / "train_seconds").unlink()
+        assert layout.latest_step(run / "checkpoints") == 2
+
+    common.train("train_configs/debug.toml", run, over)
+    interrupt()
+    common.train("train_configs/debug.toml", run, over, keep_finished=True)
+    assert "from its checkpoint at step 2" in capsys.readouterr().out
+    assert [m["step"] for m in common.metrics(run)] == [1, 2, 3, 4, 3, 4]  # the log of both attempts
+    assert layout.latest_step(run / "checkpoints") == 4
+    interrupt()
+    common.train("train_configs/debug.toml", run, {**over, "optimizer.lr": 5e-3}, keep_finished=True)
+    assert "trained with another [optimizer]: training it afresh" in capsys.readouterr().out
+    assert [m["step"] for m in common.metrics(run)] == [1, 2, 3, 4]
 
 
 def test_mano_scores_every_tree_of_a_small_eval_split():
@@ -187,3 +216,29 @@ def test_depth_refuses_an_unknown_name_naming_its_flag(flags, named):
     assert (
         proc.stderr.strip().splitlines() == [proc.stderr.strip()] and f"error: {named} 'nope' is unknown" in proc.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "name,flags",
+    [
+        ("depth", ["--part", "--only", "--arm", "--corpora"]),
+        ("real_text", ["--part", "--corpora", "--only"]),
+        ("blind_spot_prenorm", ["--steps"]),
+        ("ouroboros_retrofit", ["--jobs", "--reuse-dense"]),
+    ],
+)
+def test_help_lists_an_experiments_own_flags(name, flags, capsys):
+    """--help of a driver with flags of its own lists them beside the shared ones, each with what it does, and an
+    unknown flag is refused rather than passed on."""
+    import importlib
+
+    main = importlib.import_module(f"experiments.{name}.__main__").main
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for flag in [*flags, "--seeds", "--keep-finished"]:
+        assert f"  {flag} " in text, flag
+    with pytest.raises(SystemExit) as done:
+        main(["--no-such-flag"])
+    assert done.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err

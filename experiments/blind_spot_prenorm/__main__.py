@@ -84,9 +84,11 @@ def heldout_ce(run_dir: Path) -> float:
 
 def main(argv=None) -> int:
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--steps", type=int, default=STEPS)
-    own, rest = extra.parse_known_args(sys.argv[1:] if argv is None else argv)
-    args = common.parse_args(NAME, __doc__.split("\n\n")[0], rest)
+    extra.add_argument(
+        "--steps", type=int, default=STEPS, help=f"training steps of every run (default {STEPS}, the paper's)"
+    )
+    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv, own=extra)
+    own = args
     if own.steps < 8:
         raise SystemExit(f"error: --steps {own.steps} is too few: give at least 8 (a checkpoint every steps / 8)")
     from data_pipelines.corpora import build

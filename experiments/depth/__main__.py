@@ -241,13 +241,26 @@ def record(args) -> None:
 
 def main(argv=None) -> int:
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--part", choices=("tune", "record"), default="tune")
-    extra.add_argument("--only", type=lambda s: s.split(","), default=list(ARMS))
+    extra.add_argument(
+        "--part",
+        choices=("tune", "record"),
+        default="tune",
+        help="tune: every arm on the tuning split, seed 0; record: one arm on both corpora (default tune)",
+    )
+    extra.add_argument(
+        "--only",
+        type=lambda s: s.split(","),
+        default=list(ARMS),
+        help="--part tune: comma-separated arms (default all)",
+    )
     extra.add_argument("--arm", default=RECIPE, help=f"--part record: the arm to record (default {RECIPE})")
-    extra.add_argument("--corpora", type=lambda s: s.split(","), default=list(CORPORA))
-    own, rest = extra.parse_known_args(sys.argv[1:] if argv is None else argv)
-    args = common.parse_args(NAME, __doc__.split("\n\n")[0], rest)
-    args.part, args.only, args.arm, args.corpora = own.part, own.only, own.arm, own.corpora
+    extra.add_argument(
+        "--corpora",
+        type=lambda s: s.split(","),
+        default=list(CORPORA),
+        help=f"--part record: comma-separated corpora (default {','.join(CORPORA)})",
+    )
+    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv, own=extra)
     for flag, given, known in (
         ("--only", args.only, ARMS),
         ("--arm", [args.arm], ARMS),

@@ -168,8 +168,8 @@ def main(argv=None) -> int:
         action="store_true",
         help="keep <out>/dense_qwen2 from an earlier invocation instead of pretraining again",
     )
-    mine, rest = extra.parse_known_args(argv if argv is not None else sys.argv[1:])
-    args = common.parse_args(NAME, __doc__.splitlines()[0], rest)
+    args = common.parse_args(NAME, __doc__.splitlines()[0], argv, own=extra)
+    mine = args
     if args.keep_finished:
         raise SystemExit("error: --keep-finished: this experiment times its training runs; run it without the flag")
     t0, cpu0 = time.perf_counter(), time.process_time()

@@ -250,12 +250,25 @@ def directions(args):
 
 def main(argv=None) -> int:
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--part", choices=("looping", "directions", "all"), default="all")
-    extra.add_argument("--corpora", type=lambda s: s.split(","), default=list(CORPORA))
-    extra.add_argument("--only", type=lambda s: s.split(","), default=list(DIRECTIONS))
-    own, rest = extra.parse_known_args(sys.argv[1:] if argv is None else argv)
-    args = common.parse_args(NAME, __doc__.split("\n\n")[0], rest)
-    args.part, args.corpora, args.only = own.part, own.corpora, own.only
+    extra.add_argument(
+        "--part",
+        choices=("looping", "directions", "all"),
+        default="all",
+        help="looping: once / looped / dense on every corpus; directions: the seed papers' directions (default all)",
+    )
+    extra.add_argument(
+        "--corpora",
+        type=lambda s: s.split(","),
+        default=list(CORPORA),
+        help=f"comma-separated corpora (default {','.join(CORPORA)})",
+    )
+    extra.add_argument(
+        "--only",
+        type=lambda s: s.split(","),
+        default=list(DIRECTIONS),
+        help="--part directions: comma-separated directions (default all)",
+    )
+    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv, own=extra)
     if set(args.only) - set(DIRECTIONS):
         raise SystemExit(f"error: --only {args.only} is invalid: expected some of {', '.join(DIRECTIONS)}")
     bad = [c for c in args.corpora if c not in CORPORA]
