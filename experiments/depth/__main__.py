@@ -73,6 +73,15 @@ ARMS = {  # name -> overrides of the recipe
     "deep_dense": {**SHARED, **DEEP, "model.init_state": "random", **DENSE_CE},
     "nanochat": {**SHARED, **NANOCHAT},
     "nanochat_ramp": {**SHARED, **NANOCHAT, "loop_sampler.mean_start": 1.0, "loop_sampler.mean_ramp_fraction": 0.5},
+    # the same with a learned recurrence gate, h <- g h_new + (1 - g) x (g = sigmoid(W [h_new; x] + b), 12% at
+    # init): the update can learn to shrink where the state has settled, a fixed point the extra loops keep
+    "nanochat_ramp_gated": {
+        **SHARED,
+        **NANOCHAT,
+        "loop_sampler.mean_start": 1.0,
+        "loop_sampler.mean_ramp_fraction": 0.5,
+        "model.gated_recurrence": True,
+    },
     # the same without truncation (every sampled loop backpropagated): what truncation costs
     "nanochat_full": {
         **SHARED,
