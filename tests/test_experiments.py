@@ -199,6 +199,13 @@ def test_depth_smoke(tmp_path):
     (row,) = json.loads((out / "tuning.json").read_text())["rows"]
     assert [k for k in row if k.startswith("T=")] == [f"T={t}" for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)]
     assert all(math.isfinite(row[k]) for k in row if k.startswith("T="))
+    # how far the decoded state moves: a step at every swept T > 1, a distance at every T past the reference
+    from experiments.depth.__main__ import LOOPS, reference_depth
+
+    drift = row["state_drift"]
+    assert list(drift["step"]) == [f"T={t}" for t in LOOPS[1:]]
+    assert list(drift["from_reference"]) == [f"T={t}" for t in LOOPS if t > reference_depth("depth")]
+    assert all(0 < v < 3 for part in drift.values() for v in part.values())
     # the tuning split is tinyshakespeare's training text (its first 90% of characters) split again: its two parts
     # hold exactly those characters (plus one end-of-text token each), none of the reported held-out split
     n = len((REPO / "data" / "tinyshakespeare.txt").read_text())

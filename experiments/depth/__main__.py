@@ -145,6 +145,47 @@ def by_t(run_dir: Path) -> list[float]:
     return [rows[-1][f"val/loss/loop_{t}"] for t in LOOPS]
 
 
+def reference_depth(arm: str) -> int:
+    """The arm's trained depth (n_loops: T, or the sampler's mean), or the deepest swept T below it (a sampled mean
+    such as 5 is not swept): the depth the loss past it is measured against."""
+    t_train = ARMS[arm].get("loop_sampler.n_loops", 4)
+    return max(t for t in LOOPS if t <= t_train)
+
+
+def state_drift(run_dir: Path, data: dict, t_ref: int, rows: int = 256) -> dict:
+    """How far the state the LM head decodes (the normed state of each loop) moves with depth, on the first `rows`
+    held-out windows, per token, at every swept T: `step`, the relative change made by loop T (||z_T - z_{T-1}|| /
+    ||z_{T-1}||), and `from_reference`, the relative distance from the state at the reference depth
+    (||z_T - z_ref|| / ||z_ref||). A state that settles into a fixed point has both flat past the reference."""
+    import torch
+
+    from titanloop.data import DataConfig
+    from titanloop.data.shards import whole_set_batches
+
+    model = common.load(run_dir)
+    val = data["validation.data"]
+    seq_len = common.run_config(run_dir)["training"]["seq_len"]
+    cfg = DataConfig(kind="mds", tokenizer=val["tokenizer"], sources=val["sources"])
+    batch = whole_set_batches(cfg, seq_len=seq_len, vocab_size=data["model.vocab_size"], batch_size=rows)[0]
+    states = {}
+    with torch.no_grad():
+        prev = None
+        for s in model.loops(batch["input_ids"], LOOPS[-1], doc_ids=batch.get("doc_ids")):
+            z = s.normed.float()
+            if s.t in LOOPS:
+                states[s.t] = (z, prev)
+            prev = z
+
+    def rel(a, b):
+        return round(((a - b).norm(dim=-1) / b.norm(dim=-1)).mean().item(), 4)
+
+    ref = states[t_ref][0]
+    return {
+        "step": {f"T={t}": rel(z, p) for t, (z, p) in states.items() if p is not None},
+        "from_reference": {f"T={t}": rel(z, ref) for t, (z, _) in states.items() if t > t_ref},
+    }
+
+
 def training_flops(config: str, overrides: dict) -> float:
     """Training FLOPs per token of a run, summed over its steps: each step's sampled T counted as it runs (the
     forward of every loop, the backward of the loops with a graph; LoopLMConfig.flops_per_token)."""
@@ -182,6 +223,7 @@ def tune(args) -> None:
                     "seed": seed,
                     "flops/dense": round(training_flops(LOOPED, over) / dense, 3),
                     **{f"T={t}": round(v, 4) for t, v in zip(LOOPS, losses)},
+                    "state_drift": state_drift(args.out / f"tune_{arm}_s{seed}", data, reference_depth(arm)),
                 }
             )
     print(common.markdown_table(["arm", "seed", "flops/dense"] + [f"T={t}" for t in LOOPS], rows))
@@ -212,8 +254,7 @@ def record(args) -> None:
         old4 = [rec["looped"][seeds_rec.index(s)][3] for s in args.seeds]
         looped = [by_t(args.out / f"{corpus}_{args.arm}_s{s}") for s in args.seeds]
         t_train = ARMS[args.arm].get("loop_sampler.n_loops", 4)
-        # the trained depth, or the deepest swept T below it (a sampled mean such as 5 is not swept)
-        i_train = max(i for i, t in enumerate(LOOPS) if t <= t_train)
+        i_train = LOOPS.index(reference_depth(args.arm))
         closed = [(o - lp[i_train]) / (o - d) for lp, o, d in zip(looped, once, dense)]
         best = [min(lp) for lp in looped]
         best_t = [LOOPS[lp.index(min(lp))] for lp in looped]
@@ -238,6 +279,10 @@ def record(args) -> None:
             "past_reference": {  # held-out loss at T minus at the reference depth, per seed
                 f"T={t}": [lp[LOOPS.index(t)] - lp[i_train] for lp in looped] for t in (8, 16, 32, 64)
             },
+            "state_drift": [  # per seed: how far the decoded state moves with depth (state_drift)
+                state_drift(args.out / f"{corpus}_{args.arm}_s{s}", corpus_data(corpus), LOOPS[i_train])
+                for s in args.seeds
+            ],
             "gap_closed": closed,
             "best": best,
             "best_t": best_t,
