@@ -303,3 +303,47 @@ def test_rows_that_are_whole_documents_take_plain_causal_attention(monkeypatch):
     assert model.rope_and_mask(x, doc_ids=doc_ids_from())[2] is not None  # rows with boundaries
     model.compiled_layers = True
     assert model.rope_and_mask(x, doc_ids=rows)[2] is not None
+
+
+def test_retrofit_rows_that_are_whole_documents_take_plain_causal_attention(monkeypatch):
+    """The retrofit model takes the same fast path: rows that are whole documents run SDPA's causal kernel with no
+    mask (every layer: prelude, recurrent steps, coda), close to the document-masked forward it replaces (forward
+    and gradients); a row with a boundary keeps its mask, and so do compiled layers."""
+    from titanloop.retrofit import RetrofitConfig
+    from titanloop.retrofit.model import DenseShape, RetrofitLM
+
+    shape = DenseShape(
+        vocab_size=V, hidden_size=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_hidden_size=64, n_layers=4,
+        norm_eps=1e-6, rope_theta=10000.0, qkv_bias=True, o_bias=False, mlp_bias=False, tie_embeddings=False,
+        max_seq_len=64,
+    )  # fmt: skip
+    cfg = RetrofitConfig(hf_path="unused", n_prelude=1, recurrent_layer=1, n_coda=1, lora_rank=4, max_loops=4)
+    torch.manual_seed(0)
+    model = RetrofitLM(shape, cfg)
+    with torch.no_grad():  # a live gate and modulation, not their identity init
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ref_model = RetrofitLM(shape, cfg)
+    ref_model.load_state_dict(model.state_dict())
+    ref_model.compiled_layers = True  # keeps its document mask
+    rows = doc_ids_from([[S], [S], [S]]) + torch.arange(3)[:, None]  # three rows, one document each
+    x = torch.randint(0, V, rows.shape, generator=torch.Generator().manual_seed(1))
+    assert model.rope_and_mask(x, doc_ids=rows)[2] is None
+    assert ref_model.rope_and_mask(x, doc_ids=rows)[2] is not None
+    assert model.rope_and_mask(x, doc_ids=doc_ids_from())[2] is not None  # rows with boundaries
+    calls = []
+    real_sdpa = attn.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attn.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append((k.get("attn_mask"), k.get("is_causal"))) or real_sdpa(*a, **k),
+    )
+    out = model(x, 3, doc_ids=rows).readouts[-1]
+    assert calls == [(None, True)] * (1 + 3 + 1)  # prelude, 3 recurrent steps, coda
+    out.pow(2).sum().backward()
+    ref = ref_model(x, 3, doc_ids=rows).readouts[-1]
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for p, r in zip(model.parameters(), ref_model.parameters()):
+        if p.grad is not None or r.grad is not None:
+            torch.testing.assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-5)

@@ -26,8 +26,9 @@ them. The kernel follows `attention_backend`:
     sdpa           the dense boolean mask [B, 1, S, S] with SDPA (the reference; O(S^2) mask memory)
 
 A batch whose rows never cross a document boundary needs no document mask at all: under `auto`, with eager
-layers, the model checks its host doc ids (LoopLM._rows_are_documents) and runs plain causal attention, bitwise
-the forward without doc ids (compiled layers keep one mask type and always build the mask).
+layers, a model checks its host doc ids (`rows_are_documents`; the LoopLM and the retrofit model both do) and
+runs plain causal attention, bitwise the forward without doc ids (compiled layers keep one mask type and always
+build the mask).
 
 What runs inside torch.compile (titanloop.parallel.apply_compile, one graph per decoder layer): the dense
 mask, varlen_attn and FlexAttention trace into the layer's graph (fullgraph=True, no graph break). The
@@ -265,6 +266,18 @@ def document_kernel(
 
         return "varlen" if varlen_cpu.register() else "dense"
     return "sdpa_per_doc"
+
+
+def rows_are_documents(
+    doc_ids: torch.Tensor, host_doc_ids: torch.Tensor | None, backend: str, compiled_layers: bool
+) -> bool:
+    """True when no row of the batch crosses a document boundary, so document masking is plain causal attention:
+    read on host ids only (no device sync: host_doc_ids, else doc_ids when they are on the CPU), under backend
+    'auto' and eager layers (a compiled layer keeps one mask type, so it never switches graphs)."""
+    ids = host_doc_ids if host_doc_ids is not None else doc_ids
+    if ids.device.type != "cpu" or backend != "auto" or compiled_layers:
+        return False
+    return bool((ids[:, 1:] == ids[:, :-1]).all())
 
 
 def document_mask(

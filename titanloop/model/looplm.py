@@ -38,6 +38,7 @@ from titanloop.model.attention import (
     attention,
     causal_mask,
     document_mask,
+    rows_are_documents,
     document_positions,
     rope_cos_sin,
 )
@@ -277,30 +278,18 @@ class LoopLM(nn.Module):
             positions = document_positions(doc_ids)
         cos, sin = self.rope(s, input_ids.device, dtype, positions, position_offset)
         mask = None
-        if doc_ids is not None and kv_cache is None and self._rows_are_documents(host_doc_ids, doc_ids):
-            pass  # every row one document: plain causal attention (SDPA's causal kernel, no per-document work)
-        elif doc_ids is not None and kv_cache is None:  # no dense [S, S] mask unless the backend is 'sdpa'
-            mask = document_mask(
-                doc_ids,
-                self.cfg.attention_backend,
-                dtype,
-                graph_safe=self.graph_safe_attention,
-                host_doc_ids=host_doc_ids,
-            )
+        backend = self.cfg.attention_backend
+        if doc_ids is not None and kv_cache is None:  # no dense [S, S] mask unless the backend is 'sdpa'
+            # rows that are whole documents run plain causal attention (SDPA's causal kernel, no per-document work)
+            if not rows_are_documents(doc_ids, host_doc_ids, backend, self.compiled_layers):
+                mask = document_mask(
+                    doc_ids, backend, dtype, graph_safe=self.graph_safe_attention, host_doc_ids=host_doc_ids
+                )
         elif doc_ids is not None:
             mask = causal_mask(s, s, input_ids.device, doc_ids)
         elif kv_cache is not None and position_offset > 0 and s > 1:
             mask = causal_mask(s, s + position_offset, input_ids.device)
         return cos, sin, mask
-
-    def _rows_are_documents(self, host_doc_ids: torch.Tensor | None, doc_ids: torch.Tensor) -> bool:
-        """True when no row of the batch crosses a document boundary, so the document mask is plain causal
-        attention: checked on host ids only (no device sync), for attention_backend 'auto' and eager layers (a
-        compiled layer keeps one mask type, so it never switches graphs)."""
-        ids = host_doc_ids if host_doc_ids is not None else doc_ids
-        if ids.device.type != "cpu" or self.cfg.attention_backend != "auto" or self.compiled_layers:
-            return False
-        return bool((ids[:, 1:] == ids[:, :-1]).all())
 
     def loop_step(self, x: torch.Tensor, t: int, cos, sin, mask=None, kv_cache=None) -> torch.Tensor:
         """One application of the looped block at loop index t (0-based): x -> raw state H_{t+1}."""

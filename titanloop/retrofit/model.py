@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from titanloop.config_errors import require
 from titanloop.model import LoopLMOutput, RMSNorm
-from titanloop.model.attention import apply_rope, attention, document_mask, rope_cos_sin
+from titanloop.model.attention import apply_rope, attention, document_mask, rope_cos_sin, rows_are_documents
 from titanloop.retrofit.config import RetrofitConfig
 from titanloop.retrofit.controller import build_modulation
 
@@ -176,6 +176,7 @@ class RetrofitLM(nn.Module):
             nn.ModuleList(RMSNorm(d, shape.norm_eps) for _ in range(cfg.max_loops)) if cfg.step_norm else None
         )
         self.loop_wrapper: Callable | None = None  # set by activation checkpointing mode "loop"
+        self.compiled_layers = False  # set by titanloop.parallel.compile.apply_compile
         self.init_trainable()
 
     # ----- trainable extras and the frozen base -------------------------------------------------
@@ -221,17 +222,15 @@ class RetrofitLM(nn.Module):
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
         cos, sin = rope_cos_sin(positions, self.shape.head_dim, self.shape.rope_theta, self.embed_tokens.weight.dtype)
-        mask = (
-            document_mask(
+        mask = None  # also where every row is one document: plain causal attention, no per-document work
+        if doc_ids is not None and not rows_are_documents(doc_ids, host_doc_ids, "auto", self.compiled_layers):
+            mask = document_mask(
                 doc_ids,
                 "auto",
                 self.embed_tokens.weight.dtype,
                 graph_safe=getattr(self, "graph_safe_attention", False),  # set by apply_compile
                 host_doc_ids=host_doc_ids,
             )
-            if doc_ids is not None
-            else None
-        )
         return cos, sin, mask
 
     def recurrent_step(
