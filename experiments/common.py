@@ -394,6 +394,28 @@ def bar_plot(path: str | os.PathLike, values: dict[str, float], *, ylabel: str, 
     return _save(fig, path)
 
 
+def seed_list(text: str) -> list[int]:
+    """--seeds: comma-separated integers, each once."""
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,3, got {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} names a seed twice: give each seed once")
+    return seeds
+
+
+def positive_int(text: str) -> int:
+    """--nproc, --parallel: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def parse_args(
     name: str, description: str, argv: list[str] | None = None, own: argparse.ArgumentParser | None = None
 ) -> argparse.Namespace:
@@ -415,12 +437,12 @@ def parse_args(
     )
     p.add_argument(
         "--seeds",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=seed_list,
         default=[0],
         help="comma-separated training seeds (default 0)",
     )
-    p.add_argument("--nproc", type=int, default=1, help="processes per training run (default 1)")
-    p.add_argument("--parallel", type=int, default=1, help="training runs at a time (default 1)")
+    p.add_argument("--nproc", type=positive_int, default=1, help="processes per training run (default 1)")
+    p.add_argument("--parallel", type=positive_int, default=1, help="training runs at a time (default 1)")
     p.add_argument(
         "--keep-finished",
         action="store_true",

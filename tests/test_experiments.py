@@ -249,3 +249,24 @@ def test_help_lists_an_experiments_own_flags(name, flags, capsys):
     with pytest.raises(SystemExit) as done:
         main(["--no-such-flag"])
     assert done.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--seeds", "a"], "argument --seeds: expected comma-separated integers such as 1,2,3, got 'a'"),
+        (["--seeds", "1,2,1"], "argument --seeds: '1,2,1' names a seed twice"),
+        (["--parallel", "0"], "argument --parallel: expected an integer >= 1, got '0'"),
+        (["--nproc", "two"], "argument --nproc: expected an integer >= 1, got 'two'"),
+    ],
+)
+def test_shared_flags_refuse_bad_values_in_one_line(flags, says, capsys):
+    """A bad --seeds / --parallel / --nproc is one line naming the flag and what it takes (not argparse's
+    '<lambda>'), exit 2; a seed given twice would train two runs into one directory."""
+    from experiments import common
+
+    with pytest.raises(SystemExit) as done:
+        common.parse_args("depth", "", flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and says in err[-1]
+    assert common.parse_args("depth", "", ["--seeds", "3,1", "--parallel", "2"]).seeds == [3, 1]
