@@ -270,3 +270,17 @@ def test_shared_flags_refuse_bad_values_in_one_line(flags, says, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and says in err[-1]
     assert common.parse_args("depth", "", ["--seeds", "3,1", "--parallel", "2"]).seeds == [3, 1]
+
+
+def test_blind_spot_runs_checkpoint_every_eighth_at_any_length():
+    """The held-out curve and the pass rule's "still growing" need a checkpoint every steps / 8: at the paper's
+    default 8,000 steps too (it was left to experiments.common.train, which checkpoints the last step only)."""
+    from experiments.blind_spot_prenorm.__main__ import STEPS, run_length
+
+    for steps in (STEPS, 1000):
+        assert run_length(steps, False) == {
+            "training.steps": steps,
+            "checkpoint.interval": steps // 8,
+            "validation.freq": steps,
+        }
+    assert run_length(6, True)["checkpoint.interval"] == 3
