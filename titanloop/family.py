@@ -15,9 +15,10 @@ torchtitan's ModelSpec. A family is built from its own sections, never from the 
                                   with load_weights=False, for the dry run)
     check_layout(tp=, engine=, objective=, jsrr_weight=, loops=)
                                   what the family supports beyond the generic checks (one-line ConfigError)
-    flops_per_token(seq_len, n_loops, doc_lengths, backward_loops)
+    flops_per_token(seq_len, n_loops, doc_lengths, backward_loops, unread_loops)
                                   training FLOPs per token, every loop that runs counted (the backward of the
-                                  last backward_loops only, under truncation): tokens/s -> TFLOPs -> MFU
+                                  last backward_loops only, under truncation; unread_loops more after the last,
+                                  with a graph, not decoded): tokens/s -> TFLOPs -> MFU
     describe()                    the model's name in the run summary and the dry run
     extra_summary(run)            lines the run summary adds for this family
     export(model, out_dir)        the Hugging Face writer (its state-dict adapter): Ouro HF for a LoopLM,
@@ -85,10 +86,15 @@ class LoopLMFamily:
             )
 
     def flops_per_token(
-        self, seq_len: int, n_loops: int, doc_lengths: list[int] | None = None, backward_loops: int | None = None
+        self,
+        seq_len: int,
+        n_loops: int,
+        doc_lengths: list[int] | None = None,
+        backward_loops: int | None = None,
+        unread_loops: int = 0,
     ) -> float:
         return self.shape.flops_per_token(
-            seq_len, n_loops=n_loops, doc_lengths=doc_lengths, backward_loops=backward_loops
+            seq_len, n_loops=n_loops, doc_lengths=doc_lengths, backward_loops=backward_loops, unread_loops=unread_loops
         )
 
     def describe(self) -> str:
@@ -168,7 +174,12 @@ class RetrofitFamily:
         )
 
     def flops_per_token(
-        self, seq_len: int, n_loops: int, doc_lengths: list[int] | None = None, backward_loops: int | None = None
+        self,
+        seq_len: int,
+        n_loops: int,
+        doc_lengths: list[int] | None = None,
+        backward_loops: int | None = None,
+        unread_loops: int = 0,
     ) -> float:
         """RetrofitLM's own count: the frozen prelude runs forward only, the frozen coda, recurrent layer and LM
         head pass input gradients back, the controller and gate train (RetrofitLM.flops_per_token). Attention

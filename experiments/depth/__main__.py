@@ -82,6 +82,22 @@ ARMS = {  # name -> overrides of the recipe
         "loop_sampler.mean_ramp_fraction": 0.5,
         "model.gated_recurrence": True,
     },
+    # the same with the fixed-point penalty: one more loop after the last, its relative change to the state
+    # penalized (objective.fixed_point_weight), so that the map holds the state where the loss is taken
+    "nanochat_ramp_fixed": {
+        **SHARED,
+        **NANOCHAT,
+        "loop_sampler.mean_start": 1.0,
+        "loop_sampler.mean_ramp_fraction": 0.5,
+        "objective.fixed_point_weight": 1.0,
+    },
+    "nanochat_ramp_fixed10": {
+        **SHARED,
+        **NANOCHAT,
+        "loop_sampler.mean_start": 1.0,
+        "loop_sampler.mean_ramp_fraction": 0.5,
+        "objective.fixed_point_weight": 10.0,
+    },
     # the same without truncation (every sampled loop backpropagated): what truncation costs
     "nanochat_full": {
         **SHARED,
@@ -199,7 +215,12 @@ def training_flops(config: str, overrides: dict) -> float:
     for step in range(1, cfg.training.steps + 1):
         t = sampler(step)
         k = s.graph_loops(t)
-        total += cfg.looplm.flops_per_token(cfg.training.seq_len, n_loops=t, backward_loops=k if k < t else None)
+        total += cfg.looplm.flops_per_token(
+            cfg.training.seq_len,
+            n_loops=t,
+            backward_loops=k if k < t else None,
+            unread_loops=1 if cfg.objective.fixed_point_weight > 0 else 0,  # the fixed-point penalty's extra loop
+        )
     return total
 
 

@@ -199,6 +199,7 @@ class LoopLMConfig:
         training: bool = True,
         doc_lengths=None,
         backward_loops: int | None = None,
+        unread_loops: int = 0,
     ) -> float:
         """Model FLOPs per token: THE count behind MFU in the training metrics, the benchmarks and gpu_check.
 
@@ -216,32 +217,41 @@ class LoopLMConfig:
         backward_loops: k < n_loops counts truncated backpropagation through depth as it runs: the forward of all
         n_loops loops (their coda layers and exit gates too) and the backward (x2 of forward) of the last k only,
         plus the prelude's; only the k loops with a graph are decoded (default `readouts` = k).
+
+        unread_loops: loops run after the last one, with a graph, that are neither decoded nor gated (the
+        fixed-point penalty's one more loop, LoopLM.loop_change): the shared stack only, forward and backward.
         """
         t = self.n_loops if n_loops is None else n_loops
         k = t if backward_loops is None else max(1, min(int(backward_loops), t))
+        extra = unread_loops * self._loop_flops(seq_len, doc_lengths) * (3 if training else 1)
         if k == t:
             readouts = t if readouts is None else readouts
-            return self._forward_flops(seq_len, t, readouts, readouts, doc_lengths) * (3 if training else 1)
+            return self._forward_flops(seq_len, t, readouts, readouts, doc_lengths) * (3 if training else 1) + extra
         readouts = k if readouts is None else readouts
         fwd = self._forward_flops(seq_len, t, readouts, t, doc_lengths)
         if not training:
-            return fwd
-        return fwd + 2 * self._forward_flops(seq_len, k, readouts, k, doc_lengths)
+            return fwd + extra
+        return fwd + 2 * self._forward_flops(seq_len, k, readouts, k, doc_lengths) + extra
+
+    def _layer_flops(self, seq_len: int, doc_lengths) -> float:
+        """Forward FLOPs per token of one decoder layer: its matmuls and attention over the attended keys."""
+        h = self.hidden_size
+        kv = self.kv_heads * self.head_dim
+        per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_hidden_size)  # fwd matmul flops
+        return per_layer + 2 * 2 * h * attended_keys_per_token(seq_len, doc_lengths)  # QK^T and AV
+
+    def _loop_flops(self, seq_len: int, doc_lengths) -> float:
+        """Forward FLOPs per token of one application of the shared stack (and the recurrence gate)."""
+        gate = 2 * 2 * self.hidden_size**2 if self.gated_recurrence else 0
+        return self.n_layers * self._layer_flops(seq_len, doc_lengths) + gate
 
     def _forward_flops(self, seq_len: int, t: int, readouts: int, coda_runs: int, doc_lengths) -> float:
         """Forward FLOPs per token of t loops, `readouts` of them decoded, the coda run `coda_runs` times."""
         h = self.hidden_size
-        kv = self.kv_heads * self.head_dim
-        per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_hidden_size)  # fwd matmul flops
-        attn = 2 * 2 * h * attended_keys_per_token(seq_len, doc_lengths)  # QK^T and AV over the attended keys
-        looped_layers = self.n_layers * t
-        once_layers = self.n_prelude_layers
-        coda_layers = self.n_coda_layers * coda_runs
-        fwd = (looped_layers + once_layers + coda_layers) * (per_layer + attn)
+        fwd = t * self._loop_flops(seq_len, doc_lengths)
+        fwd += (self.n_prelude_layers + self.n_coda_layers * coda_runs) * self._layer_flops(seq_len, doc_lengths)
         fwd += readouts * 2 * h * self.vocab_size  # shared LM head at every decoded loop
         fwd += t * 2 * h  # exit gate
-        if self.gated_recurrence:
-            fwd += t * 2 * 2 * h * h
         return fwd
 
 

@@ -317,6 +317,23 @@ class LoopLM(nn.Module):
         nxt = self.next_loop_input(self.loop_step(x, t, cos, sin, mask))
         return nxt if self.injection is None else self.injection.decay().to(nxt.dtype) * nxt
 
+    def loop_change(self, out: "LoopLMOutput", n_loops: int, cos, sin, mask=None) -> torch.Tensor:
+        """[B, S]: the relative change one more loop makes to what the loops pass on, per token:
+        ||u_{T+1} - u_T|| / ||u_T|| with u_t = next_loop_input(H_t) (the normed state under inter-loop norm), u_T
+        from the forward's last state and u_{T+1} from loop T+1 run on its input x_T (out.next_input). The
+        injection adds the same embedding to both, so this is the change of the next loop's input as well. Zero
+        at a fixed point of the map; the fixed-point penalty (objective.fixed_point_weight) asks for it."""
+        require(
+            self.loop_norms is None,
+            "model.per_loop_norm",
+            True,
+            "false for the fixed-point penalty (one map shared by every loop, defined past the last one)",
+        )
+        u = self.next_loop_input(out.states[-1])
+        nxt = self.next_loop_input(self.loop_step(out.next_input, n_loops, cos, sin, mask))
+        dtype = torch.promote_types(u.dtype, torch.float32)  # at least fp32
+        return (nxt - u).to(dtype).norm(dim=-1) / u.to(dtype).norm(dim=-1).clamp_min(1e-6)
+
     def inject(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """The next loop's input from x and the embedding e: x + e, or A x + B e (injection='diagonal')."""
         return x + e if self.injection is None else self.injection(x, e)

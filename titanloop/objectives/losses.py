@@ -8,6 +8,7 @@ tokens. All arithmetic is fp32.
 - stage2_gate_loss:  adaptive exit loss, LM losses detached (ouro eqs. 5–6)
 - dense_supervision_loss: ℓ(z_K) + α Σ_{k<K} w_k ℓ(z_k)  (DICE eq. 2; uniform | linear | exponential)
 - scale_penalty:     λ (1/K) Σ_k E‖H_k‖²_rms  (readout-blind-spot §3)
+- fixed point:       λ E‖u_{T+1} − u_T‖² / ‖u_T‖², the change one more loop makes (titanloop's own; objective.py)
 - final_loop_loss:   plain CE of the last loop (the non-looped baseline objective)
 """
 
@@ -45,6 +46,10 @@ class ObjectiveConfig:
     dense_reduction: str = "sum"
     scale_penalty: float = 0.0  # λ of the scale penalty (0.01 in the paper); 0 = off
     jsrr_weight: float = 0.0  # STARS λ; 0 = off. total = (1-λ) CE + λ JSRR
+    # λ of the fixed-point penalty: the squared relative change one more loop would make to the state the loops
+    # pass on (LoopLM.loop_change), averaged over tokens; it asks the map to hold the state where the loss
+    # is taken, so that loops past the trained depth leave it there. 0 = off
+    fixed_point_weight: float = 0.0
     jsrr_power_steps: int = 1
     ce_chunk_size: int = 4096  # tokens per chunk of the per-loop cross-entropy
     # fused: each loop's logits are formed once, the LM-head gradient in the forward (holds a [V, H] gradient
@@ -66,6 +71,7 @@ class ObjectiveConfig:
         require_choice(self.dense_reduction, "objective.dense_reduction", DENSE_REDUCTIONS)
         require(self.scale_penalty >= 0, "objective.scale_penalty", self.scale_penalty, "a value >= 0")
         require(0 <= self.jsrr_weight <= 1, "objective.jsrr_weight", self.jsrr_weight, "a value in [0, 1]")
+        require(self.fixed_point_weight >= 0, "objective.fixed_point_weight", self.fixed_point_weight, "a value >= 0")
         require(self.jsrr_power_steps >= 1, "objective.jsrr_power_steps", self.jsrr_power_steps, "an integer >= 1")
         require(self.ce_chunk_size >= 1, "objective.ce_chunk_size", self.ce_chunk_size, "an integer >= 1")
         require_choice(self.ce_backward, "objective.ce_backward", CE_BACKWARDS)

@@ -70,6 +70,7 @@ def loop_objective(
     jsrr_state: torch.Tensor | None = None,
     jsrr_probes: torch.Tensor | None = None,
     statistics: bool = True,
+    loop_change: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """Scalar fp32 loss and statistics for one micro-batch.
 
@@ -78,6 +79,8 @@ def loop_objective(
     directions (objectives.jsrr_probes; needed only when cfg.jsrr_weight > 0).
     statistics=False: the loss alone, with {} for statistics (the trainer's steps that log nothing); the loss is
     the same either way.
+    loop_change: [B, S], the relative change one more loop makes to each token's state (LoopLM.loop_change;
+    needed only when cfg.fixed_point_weight > 0): the penalty adds fixed_point_weight times its masked mean square.
     """
     mask = labels != IGNORE_INDEX
     if cfg.name == "stage2_gate":  # the LM losses are detached: no readout gradient, so no CE backward
@@ -104,7 +107,12 @@ def loop_objective(
                 )
     if cfg.scale_penalty > 0:
         loss = loss + scale_penalty(states, mask, cfg.scale_penalty)
+    if cfg.fixed_point_weight > 0:
+        change = masked_mean(loop_change.float().pow(2), mask)
+        loss = loss + cfg.fixed_point_weight * change
     stats = loop_statistics(ce, gate_logits, states, mask) if statistics else {}
+    if cfg.fixed_point_weight > 0 and statistics:
+        stats["loop_change"] = masked_mean(loop_change.detach().float(), mask)
     if cfg.jsrr_weight > 0:
         l_jsrr = jsrr_loss(jsrr_map, jsrr_state, jsrr_probes, cfg.jsrr_power_steps)
         loss = (1 - cfg.jsrr_weight) * loss + cfg.jsrr_weight * l_jsrr

@@ -166,7 +166,8 @@ class Metrics(Callback):
         # Speed over every step since the last log line, not the log step alone: a log step ends each phase with a
         # barrier (metrics.breakdown), the others run as training does
         backward = cfg.loop_sampler.graph_loops(result.n_loops)  # truncated backprop: the last k loops only
-        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths, backward) * tokens
+        unread = 1 if cfg.objective.fixed_point_weight > 0 else 0  # the fixed-point penalty's one more loop
+        flops = cfg.family.flops_per_token(seq_len, result.n_loops, doc_lengths, backward, unread) * tokens
         self.window = [self.window[0] + tokens, self.window[1] + result.seconds, self.window[2] + flops]
         if result.skipped and result.validation:  # no training numbers to show at a skipped step
             self.logger.log_validation(result.step, result.validation)
@@ -187,8 +188,9 @@ class Metrics(Callback):
             "mfu": mfu(flops, self.peak, mesh.world_size),
             "attended_keys": attended_keys_per_token(seq_len, doc_lengths),
         }
-        if "jsrr" in per_loop:
-            scalars["jsrr"] = per_loop.pop("jsrr")[0]
+        for key in ("jsrr", "loop_change"):  # one value each, logged beside the loss
+            if key in per_loop:
+                scalars[key] = per_loop.pop(key)[0]
         if mesh.device_type == "cuda":  # this rank's peak since start (gpu_check compares it with the memory plan)
             scalars["max_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if cfg.parallelism.compile:  # Dynamo graphs compiled so far in this process: constant once warm

@@ -244,6 +244,26 @@ def check_depth_tools(cfg: TrainConfig, family, tp: int) -> None:
             s.backprop_loops,
             "0 or >= 2 for objective.name='stage2_gate' (its gate loss compares consecutive loops with a graph)",
         )
+    if cfg.objective.fixed_point_weight > 0:
+        require(
+            family.name == "looplm" and not m.per_loop_norm,
+            "objective.fixed_point_weight",
+            cfg.objective.fixed_point_weight,
+            "0 unless the model is a LoopLM with model.per_loop_norm = false (the penalty runs one loop past the last "
+            "with the map every loop shares)",
+        )
+        require(
+            cfg.objective.name != "stage2_gate",
+            "objective.fixed_point_weight",
+            cfg.objective.fixed_point_weight,
+            "0 with objective.name = 'stage2_gate' (Stage II trains the exit gate only)",
+        )
+        require(
+            tp == 1,
+            "objective.fixed_point_weight",
+            cfg.objective.fixed_point_weight,
+            "0 under tensor parallelism (parallelism.tp > 1): the extra loop runs outside the parallelized forward",
+        )
     if tp > 1:
         for key, value, default in (("init_state", m.init_state, "embedding"), ("injection", m.injection, "add")):
             require(

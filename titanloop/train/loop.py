@@ -244,6 +244,10 @@ def forward_objective(
             # one direction per sample, from (seed, global sample index): each rank probes its own samples, and a
             # resumed run (any world size) draws the same directions
             probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
+        change = None
+        if cfg.objective.fixed_point_weight > 0:  # one more loop with a graph: how far it moves the state
+            cos, sin, mask = model.rope_and_mask(input_ids, doc_ids=doc_ids)
+            change = model.loop_change(out, n_loops, cos, sin, mask)  # tp == 1 (check_depth_tools)
         return loop_objective(
             cfg.objective,
             readouts,
@@ -255,6 +259,7 @@ def forward_objective(
             jsrr_state,
             probes,
             statistics=statistics,
+            loop_change=change,
         )
 
     return run.engine.forward(forward_and_objective)

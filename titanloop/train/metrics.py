@@ -208,6 +208,8 @@ class MetricsLogger:
         )
         if "jsrr" in scalars:
             line += f" | jsrr {scalars['jsrr']:.4f}"
+        if "loop_change" in scalars:
+            line += f" | loop change {scalars['loop_change']:.4f}"
         if scalars.get("skipped_steps"):
             line += f" | skipped {int(scalars['skipped_steps'])}"
         comms = {k[5:]: v for k, v in scalars.items() if k.startswith("comm/")}
