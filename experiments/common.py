@@ -129,14 +129,28 @@ def _resumable(run_dir: Path, config: Path, args: list[str], nproc: int) -> bool
         return False
     saved = layout.read_manifest(root / layout.step_dir_name(step))["config"]
     wanted = json.loads(json.dumps(load_config(config, args, world_size=nproc).to_dict()))
-    # every section of the run; `source` (where the TOML was read from) names the file, not what is trained
-    differ = sorted(k for k in (set(saved) | set(wanted)) - {"source"} if saved.get(k) != wanted.get(k))
+    # every section of the run; `source` (where the TOML was read from) names the file, not what is trained. A field
+    # the checkpoint lacks was added to titanloop after it was written: the run is the same only where the
+    # experiment leaves that field at its default (what the older code did without it)
+    default = json.loads(json.dumps(load_config(None, world_size=nproc).to_dict()))
+    differ, newer = [], []
+    for name in sorted((set(saved) | set(wanted)) - {"source"}):
+        old, new = saved.get(name), wanted.get(name)
+        if isinstance(old, dict) and isinstance(new, dict):
+            added = sorted(set(new) - set(old))
+            newer += [f"{name}.{k}" for k in added]
+            if any(old[k] != new.get(k) for k in old) or any(new[k] != default[name].get(k) for k in added):
+                differ.append(name)
+        elif old != new:
+            differ.append(name)
     if differ:
         print(
             f"{run_dir}'s checkpoint at step {step} was trained with another [{', '.join(differ)}]: training it afresh",
             flush=True,
         )
         return False
+    if newer:
+        print(f"{run_dir}'s checkpoint predates {', '.join(newer)}, asked for at the defaults", flush=True)
     print(f"resuming the interrupted run {run_dir} from its checkpoint at step {step}", flush=True)
     return True
 

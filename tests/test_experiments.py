@@ -284,3 +284,31 @@ def test_blind_spot_runs_checkpoint_every_eighth_at_any_length():
             "validation.freq": steps,
         }
     assert run_length(6, True)["checkpoint.interval"] == 3
+
+
+def test_an_interrupted_run_resumes_only_with_the_config_it_was_trained_with(tmp_path, capsys):
+    """_resumable compares the config a run's checkpoint saved with the one the experiment asks for: equal resumes;
+    another value does not; a field the checkpoint predates (added to titanloop since) resumes only where the
+    experiment leaves it at its default, which is what the older code ran."""
+    import json
+
+    from experiments import common
+    from titanloop.train.config import load_config
+
+    run = tmp_path / "run"
+    config = common.REPO / "train_configs" / "debug.toml"
+    args = common.override_args({"training.run_dir": str(run), "training.steps": 4})
+    saved = json.loads(json.dumps(load_config(config, args, world_size=1).to_dict()))
+    del saved["objective"]["fixed_point_weight"]  # as a checkpoint written before the field existed
+    step = run / "checkpoints" / layout.step_dir_name(2)
+    step.mkdir(parents=True)
+    (step / layout.MANIFEST).write_text(json.dumps({"format": 1, "files": {}, "config": saved}))
+    assert common._resumable(run, config, args, 1)
+    assert "predates objective.fixed_point_weight, asked for at the defaults" in capsys.readouterr().out
+    for more, section in (
+        (["--objective.fixed_point_weight", "0.5"], "objective"),
+        (["--optimizer.lr", "0.5"], "optimizer"),
+    ):
+        assert not common._resumable(run, config, args + more, 1)
+        assert f"trained with another [{section}]: training it afresh" in capsys.readouterr().out
+    assert not common._resumable(tmp_path / "none", config, args, 1)
