@@ -92,6 +92,23 @@ def test_flops_count_the_extra_loop():
     assert cfg.flops_per_token(s, n_loops=T) * b * s < 0.9 * measured  # without the extra loop: far off
 
 
+def _activations(*overrides: str) -> float:
+    from titanloop.train.dry_run import dry_run
+
+    cfg = load_config(DEBUG, ["--model.inject_embedding", "true", *overrides], world_size=1)
+    return dry_run(cfg, 1, memory_plan=True).memory_plan.rows["activations"]
+
+
+def test_the_memory_plan_holds_the_extra_loop():
+    """The plan runs the trainer's step, so it holds the activations of loop T + 1 too: about as much as a plan at
+    T + 1 (the loop is not decoded, but its change is measured in fp32). It once failed: the extra loop ran outside
+    the model's forward, where torch's FSDP memory tracker refuses a second call of a layer."""
+    at4, at5 = (_activations("--loop_sampler.n_loops", str(t)) for t in (4, 5))
+    held = _activations("--loop_sampler.n_loops", "4", "--objective.fixed_point_weight", "1")
+    loop = at5 - at4  # one more loop, decoded
+    assert at4 + 0.8 * loop < held < at5 + 0.2 * loop, (at4, held, at5)  # one more loop, plus its change's norms
+
+
 @pytest.mark.parametrize(
     "overrides, world, match",
     [

@@ -163,6 +163,7 @@ class LoopLMOutput:
     next_input: torch.Tensor | None = None  # x_T: what loop T+1 would receive (JSRR linearizes Φ here)
     last_input: torch.Tensor | None = None  # x_{T-1}: what loop T received (JSRR at T == max_loops, per-loop norms)
     logits: torch.Tensor | None = None  # only when asked: [B, S, V] (last loop) or [T, B, S, V] (all)
+    loop_change: torch.Tensor | None = None  # only when asked: [B, S], LoopLM.loop_change (the fixed-point penalty)
 
     @property
     def n_loops(self) -> int:
@@ -467,6 +468,7 @@ class LoopLM(nn.Module):
         exit_readouts: bool = False,
         backprop_loops: int = 0,
         init_seed: int | None = None,
+        loop_change: bool = False,
     ) -> LoopLMOutput:
         """input_ids [B, S] -> LoopLMOutput with per-loop readouts, raw states and exit-gate logits (arguments as
         in `loops`). return_logits: None, 'last' ([B,S,V] of the last loop) or 'all' ([T,B,S,V]; small models).
@@ -474,7 +476,9 @@ class LoopLM(nn.Module):
         titanloop.eval scores it) instead of loop t's readout within a T-loop forward (they differ only for
         readout='final_only_norm'); validation during training uses it.
         backprop_loops: k > 0 truncates backpropagation through depth (see `loops`); the output then holds the last
-        min(k, T) loops only, those with a graph (readouts[0] is loop T - k + 1's)."""
+        min(k, T) loops only, those with a graph (readouts[0] is loop T - k + 1's).
+        loop_change: also run loop T + 1 and return out.loop_change (LoopLM.loop_change), inside the forward so that
+        the parallel wrappers (FSDP2 and its memory tracker, DeepSpeed) see it as part of the model's step."""
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         kept_from = t_total - backprop_loops if 0 < backprop_loops < t_total else 0
         readouts, states, gates, x, last_input = [], [], [], None, None
@@ -497,6 +501,11 @@ class LoopLM(nn.Module):
         out = LoopLMOutput(
             readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x, last_input=last_input
         )
+        if loop_change:
+            cos, sin, mask = self.rope_and_mask(
+                input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
+            )
+            out.loop_change = self.loop_change(out, t_total, cos, sin, mask)
         if return_logits == "last":
             out.logits = self.lm_head(readouts[-1])
         elif return_logits == "all":

@@ -225,12 +225,15 @@ def forward_objective(
     backprop = cfg.loop_sampler.backprop_loops
     init_seed = initial_state_seed(cfg.training.seed, batch) if cfg.looplm.init_state == "random" else None
 
+    # the fixed-point penalty: loop T + 1 runs inside the forward (LoopLM.loop_change)
+    extra = {"loop_change": True} if cfg.objective.fixed_point_weight > 0 else {}
+
     def forward_and_objective(model):
         with timer.part("model"):
             if backprop or init_seed is not None:
-                out = model(input_ids, n_loops, doc_ids=doc_ids, backprop_loops=backprop, init_seed=init_seed)
+                out = model(input_ids, n_loops, doc_ids=doc_ids, backprop_loops=backprop, init_seed=init_seed, **extra)
             else:
-                out = model(input_ids, n_loops, doc_ids=doc_ids)
+                out = model(input_ids, n_loops, doc_ids=doc_ids, **extra)
         with timer.part("objective"):
             return objective(model, out)
 
@@ -244,10 +247,6 @@ def forward_objective(
             # one direction per sample, from (seed, global sample index): each rank probes its own samples, and a
             # resumed run (any world size) draws the same directions
             probes = jsrr_probes(jsrr_state.shape, batch["sample_ids"], cfg.training.seed + 1)
-        change = None
-        if cfg.objective.fixed_point_weight > 0:  # one more loop with a graph: how far it moves the state
-            cos, sin, mask = model.rope_and_mask(input_ids, doc_ids=doc_ids)
-            change = model.loop_change(out, n_loops, cos, sin, mask)  # tp == 1 (check_depth_tools)
         return loop_objective(
             cfg.objective,
             readouts,
@@ -259,7 +258,7 @@ def forward_objective(
             jsrr_state,
             probes,
             statistics=statistics,
-            loop_change=change,
+            loop_change=out.loop_change,  # tp == 1 (check_depth_tools): the whole sequence
         )
 
     return run.engine.forward(forward_and_objective)

@@ -217,6 +217,13 @@ def measure_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    require(
+        cfg.objective.jsrr_weight == 0,
+        "objective.jsrr_weight",
+        cfg.objective.jsrr_weight,
+        "0 for the memory plan: JSRR's power iteration runs the loop outside the model's forward, which torch's "
+        "FSDP memory tracker cannot follow; plan the run without it and keep a loop's activations of headroom",
+    )
     # Planned eager: Dynamo does not trace under the tracker's dispatch mode (it used to fall back to eager
     # silently; with the layers' fullgraph=True it raises)
     cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, compile=False))
@@ -229,6 +236,7 @@ def measure_step(
         cfg.engine_settings(), build_model(cfg), mesh, param_dtype, device_type="cuda" if fake else None
     )
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    sample_ids = torch.arange(t.micro_batch_size)  # real: JSRR reads them on the host for its probe directions
     kernel = sdpa_kernel(SDPBackend.MATH) if attention == "math" else contextlib.nullcontext()
     with mode:
         if fake:
@@ -245,6 +253,7 @@ def measure_step(
             "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
             # two documents a row, as packed data has: the document mask is built as a real batch builds it
             "doc_ids": (torch.arange(t.seq_len) >= t.seq_len // 2).long().expand(t.micro_batch_size, -1),
+            "sample_ids": sample_ids,
         }
         tracker.track_inputs((batch["input_ids"],))
         passes = _PassProgress(progress, first_micro_batches + micro_batches)
