@@ -69,3 +69,24 @@ def assert_bitwise_same_run(got_dir: Path, ref_dir: Path, steps: int) -> None:
     assert sorted(got_h) == sorted(ref_h) == list(range(1, steps + 1))
     for step, records in got_h.items():
         assert all(r == ref_h[step][0] for r in records), (step, records, ref_h[step][0])
+
+
+def logged_step(cfg, n_loops: int, per_loop: dict, tokens_per_row: int = 16, seconds: float = 0.5) -> dict:
+    """The metrics.jsonl row the trainer's Metrics callback writes for one step of `cfg` (its run_dir) that ran
+    `n_loops` loops over `tokens_per_row` rows in `seconds`, with the objective's per-loop statistics `per_loop`."""
+    import json
+    from types import SimpleNamespace
+
+    from titanloop.train.callbacks import Metrics, StepResult
+
+    run = SimpleNamespace(
+        cfg=cfg,
+        mesh=SimpleNamespace(device_type="cpu", world_size=1, rank=0),
+        dataloader=SimpleNamespace(batch_at=lambda i: tokens_per_row),
+        state=SimpleNamespace(skipped_steps=0),
+    )
+    cb = Metrics(run)
+    result = StepResult(step=1, n_loops=n_loops, loss=1.0, per_loop=per_loop, lr=1e-3, seconds=seconds, grad_norm=1.0)
+    cb.post_step(run, result)
+    cb.close()
+    return json.loads((Path(cfg.training.run_dir) / "metrics.jsonl").read_text().splitlines()[-1])

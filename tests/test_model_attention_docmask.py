@@ -268,6 +268,18 @@ def test_rope_per_document_changes_only_rounding_under_the_document_mask():
     assert not torch.allclose(shifted, model(x).readouts[-1], atol=1e-3)
 
 
+def sdpa_calls(monkeypatch) -> list:
+    """(attn_mask, is_causal) of every SDPA call from now on, the calls themselves run as before."""
+    calls = []
+    real_sdpa = attn.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attn.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append((k.get("attn_mask"), k.get("is_causal"))) or real_sdpa(*a, **k),
+    )
+    return calls
+
+
 def test_rows_that_are_whole_documents_take_plain_causal_attention(monkeypatch):
     """A batch whose rows never cross a document boundary (a corpus of one long text, or windows cut per document)
     needs no document mask: under `auto` the eager model runs SDPA's causal kernel, one call per layer and loop
@@ -283,13 +295,7 @@ def test_rows_that_are_whole_documents_take_plain_causal_attention(monkeypatch):
     rows = doc_ids_from([[S], [S], [S]]) + torch.arange(3)[:, None]  # three rows, one document each
     x = torch.randint(0, V, rows.shape, generator=torch.Generator().manual_seed(1))
     assert model.rope_and_mask(x, doc_ids=rows)[2] is None
-    calls = []
-    real_sdpa = attn.F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        attn.F,
-        "scaled_dot_product_attention",
-        lambda *a, **k: calls.append((k.get("attn_mask"), k.get("is_causal"))) or real_sdpa(*a, **k),
-    )
+    calls = sdpa_calls(monkeypatch)
     out = model(x, doc_ids=rows).readouts[-1]
     assert calls == [(None, True)] * (cfg.n_layers * cfg.n_loops)
     assert torch.equal(out, model(x).readouts[-1])
@@ -331,13 +337,7 @@ def test_retrofit_rows_that_are_whole_documents_take_plain_causal_attention(monk
     assert model.rope_and_mask(x, doc_ids=rows)[2] is None
     assert ref_model.rope_and_mask(x, doc_ids=rows)[2] is not None
     assert model.rope_and_mask(x, doc_ids=doc_ids_from())[2] is not None  # rows with boundaries
-    calls = []
-    real_sdpa = attn.F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        attn.F,
-        "scaled_dot_product_attention",
-        lambda *a, **k: calls.append((k.get("attn_mask"), k.get("is_causal"))) or real_sdpa(*a, **k),
-    )
+    calls = sdpa_calls(monkeypatch)
     out = model(x, 3, doc_ids=rows).readouts[-1]
     assert calls == [(None, True)] * (1 + 3 + 1)  # prelude, 3 recurrent steps, coda
     out.pow(2).sum().backward()

@@ -8,8 +8,8 @@ and the diagonal (stable) injection.
   full graph with loop T - k's output detached, differ from full backpropagation's, and reach the per-loop norms
   of the last k loops only.
 - FLOPs: LoopLMConfig.flops_per_token(backward_loops=k) equals torch's FLOP counter on a truncated step (forward of
-  T loops, backward of k), and the trainer's TFLOP/s use it; the memory plan of T = 8 truncated to k = 2 holds the
-  activations of about two loops, not eight.
+  T loops, backward of k; with unread_loops=1, also the fixed-point penalty's loop T + 1), and the trainer's
+  TFLOP/s use it; the memory plan of T = 8 truncated to k = 2 holds the activations of about two loops, not eight.
 - Through `torchrun -m titanloop.train`: a run with every tool on, interrupted (SIGUSR1) and resumed, draws the same
   depths and ends bit for bit where the uninterrupted run does; the per-loop statistics cover the k loops with a
   graph; a truncation that would leave the embedding untrained is refused in one line.
@@ -32,7 +32,7 @@ from titanloop.model import LoopLM, LoopLMConfig
 from titanloop.objectives import LoopSampler, LoopSamplerConfig, ObjectiveConfig, loop_objective
 from titanloop.train.config import load_config
 
-from helpers import assert_bitwise_same_run
+from helpers import assert_bitwise_same_run, logged_step
 from launch import DEBUG, SMALL_BATCH, start, train
 
 # ----- the sampler ---------------------------------------------------------------------------------------------
@@ -153,8 +153,15 @@ def test_truncation_matches_a_detached_float64_reference(objective, variant):
 # ----- FLOPs and the memory plan count what runs ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(n_prelude_layers=1, n_coda_layers=1, gated_recurrence=True)])
-def test_truncated_flops_match_the_flop_counter(variant):
+@pytest.mark.parametrize(
+    "variant, unread",
+    [
+        (dict(), 0),
+        (dict(n_prelude_layers=1, n_coda_layers=1, gated_recurrence=True), 0),
+        (dict(gated_recurrence=True), 1),  # the fixed-point penalty's loop T + 1 (objective.fixed_point_weight)
+    ],
+)
+def test_truncated_flops_match_the_flop_counter(variant, unread):
     cfg = LoopLMConfig(
         vocab_size=256, hidden_size=64, n_heads=4, ffn_hidden_size=160, n_layers=2, n_loops=T, max_seq_len=64,
         inject_embedding=True, **variant,
@@ -164,39 +171,27 @@ def test_truncated_flops_match_the_flop_counter(variant):
     model = LoopLM(cfg)
     x = torch.randint(0, cfg.vocab_size, (b, s), generator=torch.Generator().manual_seed(1))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        out = model(x, T, backprop_loops=K, return_logits="all")
-        (out.logits.float().pow(2).mean() + out.gate_logits.pow(2).mean()).backward()
+        out = model(x, T, backprop_loops=K, return_logits="all", loop_change=bool(unread))
+        loss = out.logits.float().pow(2).mean() + out.gate_logits.pow(2).mean()
+        (loss + (out.loop_change.pow(2).mean() if unread else 0)).backward()
     counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
     attention = counts.pop("aten.bmm") * (s + 1) / (2 * s)  # causal: the attended share of the math kernel's square
     measured = attention + sum(counts.values())
-    ours = cfg.flops_per_token(s, n_loops=T, backward_loops=K) * b * s
+    ours = cfg.flops_per_token(s, n_loops=T, backward_loops=K, unread_loops=unread) * b * s
     assert ours == pytest.approx(measured, rel=1e-9)
-    # what a count of the backward of all T loops (the untruncated formula) would say: far off
-    assert cfg.flops_per_token(s, n_loops=T) * b * s > 1.5 * measured
+    if unread:  # without the extra loop: off by a loop's forward and backward
+        assert cfg.flops_per_token(s, n_loops=T, backward_loops=K) * b * s < 0.9 * measured
+    else:  # what a count of the backward of all T loops (the untruncated formula) would say: far off
+        assert cfg.flops_per_token(s, n_loops=T) * b * s > 1.5 * measured
     assert cfg.flops_per_token(s, n_loops=T, backward_loops=T) == cfg.flops_per_token(s, n_loops=T)
 
 
 def test_the_trainers_tflops_count_the_truncated_backward(tmp_path):
-    from types import SimpleNamespace
-
-    from titanloop.train.callbacks import Metrics, StepResult
-
     overrides = ["--training.run_dir", str(tmp_path), "--metrics.wandb", "off", "--model.inject_embedding", "true"]
     overrides += ["--loop_sampler.n_loops", "8", "--loop_sampler.backprop_loops", "2"]
     cfg = load_config(DEBUG, overrides, world_size=1)
-    run = SimpleNamespace(
-        cfg=cfg,
-        mesh=SimpleNamespace(device_type="cpu", world_size=1, rank=0),
-        dataloader=SimpleNamespace(batch_at=lambda i: 16),
-        state=SimpleNamespace(skipped_steps=0),
-    )
-    cb = Metrics(run)
     per_loop = {"ce": [1.0] * 2, "exit_prob": [0.5] * 2, "hidden_rms": [1.0] * 2, "gate_entropy": [1.0]}
-    cb.post_step(run, StepResult(step=1, n_loops=8, loss=1.0, per_loop=per_loop, lr=1e-3, seconds=0.5, grad_norm=1.0))
-    cb.close()
-    import json
-
-    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    row = logged_step(cfg, 8, per_loop)
     m = cfg.looplm
     assert row["tflops"] == pytest.approx(m.flops_per_token(64, 8, backward_loops=2) * 16 * 64 / 0.5 / 1e12)
     assert row["tflops"] < 0.6 * m.flops_per_token(64, 8) * 16 * 64 / 0.5 / 1e12

@@ -3,8 +3,9 @@ relative change to the state is penalized, so that loops past the trained depth 
 
 - loop_change is the change loop T + 1 really makes: the same as the difference between the last states of a
   T-loop and a (T + 1)-loop forward, with either injection; its gradient reaches the shared layers.
-- FLOPs: LoopLMConfig.flops_per_token(unread_loops=1) equals torch's FLOP counter on such a step, and the trainer's
-  TFLOP/s count the extra loop.
+- FLOPs: LoopLMConfig.flops_per_token(unread_loops=1) equals torch's FLOP counter on such a step
+  (tests/test_train_depth_tools.py, with truncation), the trainer's TFLOP/s count the extra loop, and the memory
+  plan holds it.
 - Through `torchrun -m titanloop.train` (2 ranks): the penalty is in the loss and the loop change is logged; what it
   cannot run with is refused in one line.
 """
@@ -15,14 +16,13 @@ import json
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 from titanloop.config_errors import ConfigError
 from titanloop.model import LoopLM, LoopLMConfig
 from titanloop.objectives import ObjectiveConfig, loop_objective
 from titanloop.train.config import load_config
 
+from helpers import logged_step
 from launch import DEBUG, SMALL_BATCH, train
 
 T = 3
@@ -72,26 +72,6 @@ def test_the_penalty_adds_its_weight_times_the_mean_square_change():
     torch.testing.assert_close(stats["loop_change"], change[kept].mean().float(), rtol=1e-6, atol=1e-9)
 
 
-def test_flops_count_the_extra_loop():
-    cfg = LoopLMConfig(
-        vocab_size=256, hidden_size=64, n_heads=4, ffn_hidden_size=160, n_layers=2, n_loops=T, max_seq_len=64,
-        inject_embedding=True, gated_recurrence=True,
-    )  # fmt: skip
-    b, s = 2, 24
-    torch.manual_seed(0)
-    model = LoopLM(cfg)
-    x = torch.randint(0, cfg.vocab_size, (b, s), generator=torch.Generator().manual_seed(1))
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        out = model(x, T, return_logits="all")
-        change = model.loop_change(out, T, *model.rope_and_mask(x))
-        (out.logits.float().pow(2).mean() + out.gate_logits.pow(2).mean() + change.pow(2).mean()).backward()
-    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
-    attention = counts.pop("aten.bmm") * (s + 1) / (2 * s)  # causal: the attended share of the math kernel's square
-    measured = attention + sum(counts.values())
-    assert cfg.flops_per_token(s, n_loops=T, unread_loops=1) * b * s == pytest.approx(measured, rel=1e-9)
-    assert cfg.flops_per_token(s, n_loops=T) * b * s < 0.9 * measured  # without the extra loop: far off
-
-
 def _activations(*overrides: str) -> float:
     from titanloop.train.dry_run import dry_run
 
@@ -125,24 +105,10 @@ def test_what_the_penalty_cannot_run_with_is_refused_in_one_line(overrides, worl
 
 
 def test_the_trainers_tflops_count_the_extra_loop(tmp_path):
-    from types import SimpleNamespace
-
-    from titanloop.train.callbacks import Metrics, StepResult
-
     overrides = ["--training.run_dir", str(tmp_path), "--metrics.wandb", "off", "--objective.fixed_point_weight", "1"]
     cfg = load_config(DEBUG, overrides, world_size=1)
-    run = SimpleNamespace(
-        cfg=cfg,
-        mesh=SimpleNamespace(device_type="cpu", world_size=1, rank=0),
-        dataloader=SimpleNamespace(batch_at=lambda i: 16),
-        state=SimpleNamespace(skipped_steps=0),
-    )
-    cb = Metrics(run)
     per_loop = {"ce": [1.0] * 4, "exit_prob": [0.25] * 4, "hidden_rms": [1.0] * 4, "gate_entropy": [1.0]}
-    per_loop["loop_change"] = [0.125]
-    cb.post_step(run, StepResult(step=1, n_loops=4, loss=1.0, per_loop=per_loop, lr=1e-3, seconds=0.5, grad_norm=1.0))
-    cb.close()
-    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    row = logged_step(cfg, 4, {**per_loop, "loop_change": [0.125]})
     m = cfg.looplm
     assert row["tflops"] == pytest.approx(m.flops_per_token(64, 4, unread_loops=1) * 16 * 64 / 0.5 / 1e12)
     assert row["tflops"] > 1.1 * m.flops_per_token(64, 4) * 16 * 64 / 0.5 / 1e12
