@@ -205,7 +205,8 @@ def test_depth_smoke(tmp_path):
     drift = row["state_drift"]
     assert list(drift["step"]) == [f"T={t}" for t in LOOPS[1:]]
     assert list(drift["from_reference"]) == [f"T={t}" for t in LOOPS if t > reference_depth("depth")]
-    assert all(0 < v < 3 for part in drift.values() for v in part.values())
+    values = [v for part in drift.values() for v in part.values()]
+    assert all(0 <= v < 3 for v in values) and max(values) > 0  # relative distances between normed states
     # the tuning split is tinyshakespeare's training text (its first 90% of characters) split again: its two parts
     # hold exactly those characters (plus one end-of-text token each), none of the reported held-out split
     n = len((REPO / "data" / "tinyshakespeare.txt").read_text())

@@ -193,7 +193,7 @@ def state_drift(run_dir: Path, data: dict, t_ref: int, rows: int = 256) -> dict:
             prev = z
 
     def rel(a, b):
-        return round(((a - b).norm(dim=-1) / b.norm(dim=-1)).mean().item(), 4)
+        return float(f"{((a - b).norm(dim=-1) / b.norm(dim=-1)).mean().item():.4g}")  # small values stay nonzero
 
     ref = states[t_ref][0]
     return {
