@@ -106,18 +106,17 @@ def main(argv=None) -> int:
         help=f"comma-separated arms (default all: {','.join(ARMS)}); the pass rule needs {','.join(RULE_ARMS)}",
     )
     args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv, own=extra)
-    own = args
     bad = [a for a in args.arms if a not in ARMS]
     if bad or not set(RULE_ARMS) <= set(args.arms):
         raise SystemExit(
             f"error: --arms {','.join(args.arms)}: give some of {', '.join(ARMS)}, including {', '.join(RULE_ARMS)}"
         )
-    if own.steps < 8:
-        raise SystemExit(f"error: --steps {own.steps} is too few: give at least 8 (a checkpoint every steps / 8)")
+    if args.steps < 8:
+        raise SystemExit(f"error: --steps {args.steps} is too few: give at least 8 (a checkpoint every steps / 8)")
     from data_pipelines.corpora import build
 
     build(CORPUS)
-    steps = SMOKE_STEPS if args.smoke else own.steps
+    steps = SMOKE_STEPS if args.smoke else args.steps
     length = run_length(steps, args.smoke)
     arms = {arm: ARMS[arm] for arm in args.arms}
     jobs = [

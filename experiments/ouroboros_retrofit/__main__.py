@@ -169,14 +169,13 @@ def main(argv=None) -> int:
         help="keep <out>/dense_qwen2 from an earlier invocation instead of pretraining again",
     )
     args = common.parse_args(NAME, __doc__.splitlines()[0], argv, own=extra)
-    mine = args
     if args.keep_finished:
         raise SystemExit("error: --keep-finished: this experiment times its training runs; run it without the flag")
     t0, cpu0 = time.perf_counter(), time.process_time()
     pre_steps, steps = (20, 3) if args.smoke else (1000, 200)
     hf_dir = args.out / "dense_qwen2"
     args.out.mkdir(parents=True, exist_ok=True)
-    if not (mine.reuse_dense and (hf_dir / "config.json").is_file()):
+    if not (args.reuse_dense and (hf_dir / "config.json").is_file()):
         pretrain(hf_dir, pre_steps)
     dense = evaluate_dense(hf_dir)
     print(f"dense 8-layer Qwen2 ({time.perf_counter() - t0:.0f}s): {dense}", flush=True)
@@ -201,7 +200,7 @@ def main(argv=None) -> int:
         {"variant": "truncated (5 layers), untrained", "depth": 1, **base},
     ]
     grid = [{"pooling": "causal", **v} for v in grid]
-    with ThreadPoolExecutor(max(1, mine.jobs)) as pool:  # each run is its own torchrun process
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each run is its own torchrun process
         runs = list(
             pool.map(
                 lambda iv: retrofit(hf_dir, args.out / f"run{iv[0]:02d}", steps, args.nproc, iv[1]), enumerate(grid)

@@ -398,6 +398,7 @@ class LoopLM(nn.Module):
         position_offset: int = 0,
         backprop_loops: int = 0,
         init_seed: int | None = None,
+        rope_mask: tuple | None = None,
     ) -> Iterator[LoopStep]:
         """The loop over t = 1..T, yielding a LoopStep after each loop; the caller may stop early (break).
         `forward`, evaluation (titanloop.eval.trace) and early exit all run the model through this loop.
@@ -409,6 +410,7 @@ class LoopLM(nn.Module):
         backprop_loops: k > 0 runs the first T - k loops under torch.no_grad() (truncated backpropagation through
             depth): their LoopSteps hold no graph, and the first loop with a graph starts from a detached input.
         init_seed: the seed of the random initial state (init_state='random'; default 0).
+        rope_mask: (cos, sin, mask) of rope_and_mask for these arguments when the caller has them already.
         """
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         require(t_total >= 1, "n_loops", n_loops, "an integer >= 1")
@@ -419,7 +421,7 @@ class LoopLM(nn.Module):
                 t_total,
                 f"<= max_loops={len(self.loop_norms)} when per_loop_norm is on",
             )
-        cos, sin, mask = self.rope_and_mask(
+        cos, sin, mask = rope_mask or self.rope_and_mask(
             input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
         )
         x = self.embed(input_ids, cos, sin, mask, kv_cache)
@@ -482,6 +484,11 @@ class LoopLM(nn.Module):
         t_total = self.cfg.n_loops if n_loops is None else int(n_loops)
         kept_from = t_total - backprop_loops if 0 < backprop_loops < t_total else 0
         readouts, states, gates, x, last_input = [], [], [], None, None
+        rope_mask = None  # loop T + 1 needs the loops' RoPE tables and mask: made once, for both
+        if loop_change:
+            rope_mask = self.rope_and_mask(
+                input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
+            )
         for s in self.loops(
             input_ids,
             t_total,
@@ -491,6 +498,7 @@ class LoopLM(nn.Module):
             position_offset=position_offset,
             backprop_loops=backprop_loops,
             init_seed=init_seed,
+            rope_mask=rope_mask,
         ):
             x, last_input = s.next_input, s.loop_input
             if s.t <= kept_from:
@@ -502,10 +510,7 @@ class LoopLM(nn.Module):
             readouts=readouts, states=states, gate_logits=torch.stack(gates), next_input=x, last_input=last_input
         )
         if loop_change:
-            cos, sin, mask = self.rope_and_mask(
-                input_ids, doc_ids=doc_ids, positions=positions, kv_cache=kv_cache, position_offset=position_offset
-            )
-            out.loop_change = self.loop_change(out, t_total, cos, sin, mask)
+            out.loop_change = self.loop_change(out, t_total, *rope_mask)
         if return_logits == "last":
             out.logits = self.lm_head(readouts[-1])
         elif return_logits == "all":

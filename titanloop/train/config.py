@@ -262,7 +262,7 @@ def check_depth_tools(cfg: TrainConfig, family, tp: int) -> None:
             tp == 1,
             "objective.fixed_point_weight",
             cfg.objective.fixed_point_weight,
-            "0 under tensor parallelism (parallelism.tp > 1): the extra loop runs outside the parallelized forward",
+            "0 under tensor parallelism (parallelism.tp > 1): its per-token change is not gathered across shards",
         )
     if tp > 1:
         for key, value, default in (("init_state", m.init_state, "embedding"), ("injection", m.injection, "add")):

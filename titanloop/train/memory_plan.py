@@ -236,7 +236,6 @@ def measure_step(
         cfg.engine_settings(), build_model(cfg), mesh, param_dtype, device_type="cuda" if fake else None
     )
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    sample_ids = torch.arange(t.micro_batch_size)  # real: JSRR reads them on the host for its probe directions
     kernel = sdpa_kernel(SDPBackend.MATH) if attention == "math" else contextlib.nullcontext()
     with mode:
         if fake:
@@ -253,7 +252,6 @@ def measure_step(
             "labels": torch.zeros(t.micro_batch_size, t.seq_len, dtype=torch.long),
             # two documents a row, as packed data has: the document mask is built as a real batch builds it
             "doc_ids": (torch.arange(t.seq_len) >= t.seq_len // 2).long().expand(t.micro_batch_size, -1),
-            "sample_ids": sample_ids,
         }
         tracker.track_inputs((batch["input_ids"],))
         passes = _PassProgress(progress, first_micro_batches + micro_batches)
